@@ -1,0 +1,473 @@
+"""Serving benchmark: our continuous-batching server vs `transformers serve` vs a bare `generate()` loop.
+
+Targets (``--target``, repeatable, or ``all``):
+
+* ``server``: ``python -m transformers_openai.main`` started as a subprocess on a free loopback port
+  (or an already running one given with ``--url``), driven with streaming OpenAI requests that carry
+  ``ignore_eos: true`` so that every request yields exactly ``--max-tokens`` tokens.
+* ``transformers-serve``: ``transformers serve --continuous-batching`` (CPU, float32) with the model
+  directory as its forced model. It needs ``pip install 'transformers[serving]'`` (fastapi, uvicorn,
+  openai, ...). It rejects unknown body fields such as ``ignore_eos``, so exact lengths are forced via
+  its ``generation_config`` field (``min_new_tokens = max_new_tokens = --max-tokens``). It ignores
+  ``stream_options`` but always sends a final usage chunk, and it ends streams without ``[DONE]``.
+* ``generate-loop``: in-process ``model.generate()`` (fp32, CPU, sdpa), one prompt at a time.
+
+For every target and concurrency a closed loop keeps ``concurrency`` requests in flight until
+``--requests`` have completed. Reported: output tokens/s (all output tokens / batch wall time), TTFT
+p50/p99 (send -> first content delta), ITL p50 (gaps between content chunks), E2E p50, errors.
+A markdown table goes to stdout and everything to a JSON file (``--out``). Only loopback addresses
+are contacted; spawned servers are always killed at the end.
+
+Example:
+    python benchmarks/bench_serving.py --model .cache/models/smollm2-135m-instruct --target all
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from importlib.metadata import version
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("server", "transformers-serve", "generate-loop")
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+PROMPTS = [
+    "Hello!",
+    "Tell me a joke.",
+    "What is the capital of Japan?",
+    "List three primary colors.",
+    "Why is the sky blue?",
+    "Write a haiku about autumn leaves.",
+    "Explain what a hash table is to a beginner programmer.",
+    "Give me a short recipe for pancakes.",
+    "What are the main differences between a cat and a dog as pets?",
+    "Summarize the plot of a story about a lighthouse keeper who finds a message in a bottle.",
+    "I am planning a weekend trip to the mountains. What should I pack if the weather may change quickly?",
+    "Describe the water cycle. Mention evaporation, condensation and precipitation, and keep it simple.",
+    "My houseplant has yellow leaves. I water it twice a week and it sits near a sunny window. What could be wrong?",
+    "Translate into plain words: the meeting has been postponed until further notice due to unforeseen circumstances.",
+    "Write a polite email to a neighbour asking them to keep the noise down after ten in the evening.",
+    "You are a tour guide in an old European city. Welcome a group of tourists and tell them what they will see.",
+    "Compare trains and planes for a 500 kilometre journey in cost, time and comfort, then recommend one.",
+    "A farmer has chickens and cows with 30 heads and 74 legs in total. How many of each? Explain step by step.",
+    "Once upon a time a girl who loved to read found a book with no title in her village library. Continue the story.",
+    "What is photosynthesis?",
+]
+
+
+@dataclass
+class Result:
+    """One request's measurements (seconds)."""
+
+    ok: bool
+    e2e: float
+    output_tokens: int = 0
+    ttft: float | None = None
+    itls: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    target: str
+    concurrency: int
+    requests: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    wall_s: float | None = None
+    output_tok_s: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    e2e_p50_s: float | None = None
+    note: str = ""
+
+
+def pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
+    return round(float(np.percentile(values, q)) * scale, 3) if values else None
+
+
+def summarize(target: str, conc: int, results: list[Result], wall: float, note: str = "") -> Row:
+    good = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in good)
+    errors = [r.error for r in results if not r.ok]
+    if errors and not note:
+        note = f"first error: {errors[0]}"[:200]
+    ttfts, itls = [r.ttft for r in good if r.ttft is not None], [g for r in good for g in r.itls]
+    tok_s = round(tokens / wall, 2) if wall > 0 else None
+    ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3)), pct([r.e2e for r in good], 50)
+    return Row(
+        target, conc, len(results), len(errors), tokens, round(wall, 3), tok_s, *ttft, pct(itls, 50, 1e3), e2e, note
+    )
+
+
+def pick_prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [PROMPTS[rng.randrange(len(PROMPTS))] for _ in range(n)]
+
+
+def n_requests(args: argparse.Namespace, conc: int) -> int:
+    return args.requests if args.requests else max(2 * conc, 8)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def check_loopback(url: str) -> str:
+    host = urlsplit(url).hostname
+    if host not in LOOPBACK:
+        raise SystemExit(f"refusing non-loopback URL {url!r}: only {sorted(LOOPBACK)} are allowed")
+    return url.rstrip("/")
+
+
+# ----------------------------------------------------------------------------- HTTP client
+
+
+def request_body(args: argparse.Namespace, target: str, model: str, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if target == "transformers-serve":
+        n = args.max_tokens
+        body["generation_config"] = json.dumps({"max_new_tokens": n, "min_new_tokens": n, "do_sample": False})
+    else:
+        body["ignore_eos"] = True
+    return body
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any], chat: bool) -> Result:
+    """Send one streaming request; time the content-bearing SSE chunks."""
+    start = time.perf_counter()
+    stamps: list[float] = []
+    usage_tokens: int | None = None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:200]
+                return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {text}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return Result(False, time.perf_counter() - start, error=f"stream error: {chunk['error']}")
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if text:
+                        stamps.append(time.perf_counter())
+                        break
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+    except Exception as exc:  # noqa: BLE001 - any failure is one errored request
+        return Result(False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:200])
+    end = time.perf_counter()
+    if not stamps:
+        return Result(False, end - start, error="no content in stream")
+    tokens = usage_tokens if usage_tokens is not None else len(stamps)
+    return Result(True, end - start, tokens, stamps[0] - start, [b - a for a, b in pairwise(stamps)])
+
+
+async def closed_loop(
+    args: argparse.Namespace, target: str, base: str, model: str, prompts: list[str], conc: int, budget: float
+) -> tuple[list[Result], float]:
+    """Keep `conc` requests in flight until all prompts are done; returns results and wall time."""
+    chat = args.endpoint == "chat"
+    url = f"{base}/v1/chat/completions" if chat else f"{base}/v1/completions"
+    timeout = httpx.Timeout(args.request_timeout, connect=10.0)
+    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
+    results: list[Result] = []
+    todo = iter(prompts)
+
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+
+        async def one(prompt: str) -> Result:
+            coro = stream_one(client, url, request_body(args, target, model, prompt), chat)
+            try:
+                return await asyncio.wait_for(coro, args.request_timeout)
+            except TimeoutError:
+                return Result(False, args.request_timeout, error="request timeout")
+
+        async def worker() -> None:
+            for prompt in todo:
+                results.append(await one(prompt))
+
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(conc))), max(budget, 1.0))
+        except TimeoutError:
+            done = len(results)
+            results.extend(Result(False, 0.0, error="run time limit") for _ in range(len(prompts) - done))
+        return results, time.perf_counter() - start
+
+
+def get_ok(url: str) -> httpx.Response | None:
+    """GET a loopback URL; the response if it is a 200, else None."""
+    try:
+        resp = httpx.get(url, timeout=5.0, trust_env=False)
+        return resp if resp.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+# ----------------------------------------------------------------------------- subprocess servers
+
+
+@contextmanager
+def spawned_server(cmd: list[str], port: int, env: dict[str, str], log: Path, startup_timeout: float) -> Iterator[str]:
+    """Start `cmd`, wait for GET /health == 200, yield its base URL; always kill its process group."""
+    base = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as log_file:
+        io = {"stdin": subprocess.DEVNULL, "stdout": log_file, "stderr": subprocess.STDOUT}
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True, **io)
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while True:
+                if proc.poll() is not None:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise RuntimeError(f"exited with {proc.returncode}: {' | '.join(tail)}"[:400])
+                if get_ok(f"{base}/health"):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"/health not ready after {startup_timeout:.0f} s (log: {log})")
+                time.sleep(0.5)
+            yield base
+        finally:
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL, the session we started (the server and anything it spawned)."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with suppress(ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+            return
+
+
+def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
+    model, listen = str(args.model), f"--host 127.0.0.1 --port {port}".split()
+    if target == "server":
+        flags = f"--max-batch-size {args.max_batch_size} --dtype float32 --device cpu".split()
+        return [sys.executable, "-m", "transformers_openai.main", "--model", model, *listen, *flags, *args.server_arg]
+    exe = Path(sys.executable).parent / "transformers"
+    if not exe.exists():
+        raise RuntimeError(f"no `transformers` CLI next to {sys.executable}")
+    flags = ["--continuous-batching", "--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+    return [str(exe), "serve", *flags, *listen, model]
+
+
+def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path) -> list[Row]:
+    threads = str(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1")
+    if target == "transformers-serve":
+        try:
+            import fastapi, uvicorn  # noqa: F401, I001 - the `serving` extra
+        except ImportError as exc:
+            return [Row(target, 0, note=f"unavailable: {exc}; pip install 'transformers[serving]'")]
+    try:
+        if target == "server" and args.url:
+            return run_levels(args, target, args.url, deadline)
+        port = free_port()
+        with spawned_server(server_command(args, target, port), port, env, log, args.startup_timeout) as base:
+            return run_levels(args, target, base, deadline)
+    except Exception as exc:  # noqa: BLE001 - report, don't crash the other targets
+        return [Row(target, 0, note=f"unavailable: {type(exc).__name__}: {exc}"[:400])]
+
+
+def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float) -> list[Row]:
+    model = args.model_name or str(args.model)
+    if target == "server" and not args.model_name and (resp := get_ok(f"{base}/v1/models")):
+        with suppress(ValueError, KeyError, IndexError, TypeError):
+            model = str(resp.json()["data"][0]["id"])
+    warm_up = pick_prompts(2, args.seed + 1)
+    warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, 2, deadline - time.monotonic()))
+    if not any(r.ok for r in warm):
+        raise RuntimeError(f"warm-up failed: {warm[0].error}")
+    rows = []
+    for conc in args.concurrency:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            rows.append(Row(target, conc, note="skipped: run time limit"))
+            continue
+        prompts = pick_prompts(n_requests(args, conc), args.seed)
+        results, wall = asyncio.run(closed_loop(args, target, base, model, prompts, conc, left))
+        rows.append(summarize(target, conc, results, wall))
+        print(f"  {target} c={conc}: {rows[-1].output_tok_s} tok/s, errors={rows[-1].errors}", file=sys.stderr)
+    return rows
+
+
+# ----------------------------------------------------------------------------- generate() loop
+
+
+def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    n = args.max_tokens
+
+    def encode(prompt: str) -> Any:
+        if args.endpoint == "chat":
+            return tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
+        return tok(prompt, return_tensors="pt")
+
+    def run(prompt: str) -> Result:
+        inputs = encode(prompt)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+        return Result(True, time.perf_counter() - start, out.shape[-1] - inputs["input_ids"].shape[-1])
+
+    run(PROMPTS[0])  # warm-up
+    results: list[Result] = []
+    note = "sequential"
+    start = time.perf_counter()
+    for prompt in pick_prompts(n_requests(args, 1), args.seed):
+        if time.monotonic() > deadline:
+            note = "sequential; stopped by run time limit"
+            break
+        results.append(run(prompt))
+    wall = time.perf_counter() - start
+    return [summarize("generate-loop", 1, results, wall, note)]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def markdown(rows: list[Row]) -> str:
+    cols = [f.name for f in fields(Row) if f.name not in ("output_tokens", "wall_s")]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        values = asdict(row)
+        lines.append("| " + " | ".join("-" if values[c] is None else str(values[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float | None]:
+    def tps(target: str, conc: int) -> float | None:
+        return next((r.output_tok_s for r in rows if r.target == target and r.concurrency == conc), None)
+
+    lo, hi = min(concurrency), max(concurrency)
+    base = tps("generate-loop", 1)
+    out: dict[str, float | None] = {}
+    for target in ("server", "transformers-serve"):
+        a, b = tps(target, hi), tps(target, lo)
+        out[f"{target} c{hi} / {target} c{lo}"] = round(a / b, 2) if a and b else None
+        out[f"{target} c{hi} / generate-loop"] = round(a / base, 2) if a and base else None
+    return out
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show a default only where it says something."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, [], 0) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument(
+        "--model", type=Path, default=REPO_ROOT / ".cache/models/smollm2-135m-instruct", help="local HF model directory"
+    )
+    p.add_argument(
+        "--target", action="append", choices=[*TARGETS, "all"], help="what to benchmark; repeatable (default: all)"
+    )
+    p.add_argument("--url", help="use an already running `server` at this loopback base URL instead of spawning")
+    p.add_argument("--model-name", help="`model` field to send (default: first of /v1/models, else --model)")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions", help="OpenAI endpoint")
+    p.add_argument("--concurrency", type=int_list, default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--requests", type=int, default=0, help="requests per level (0: max(2*concurrency, 8))")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (exact)")
+    p.add_argument("--max-batch-size", type=int, default=16, help="passed to our server")
+    p.add_argument("--threads", type=int, default=1, help="torch/OMP threads of every model process")
+    p.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for GET /health")
+    p.add_argument("--time-limit", type=float, default=3600.0, help="seconds for the whole run")
+    p.add_argument("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
+    p.add_argument("--out", type=Path, help="JSON output (default: benchmarks/results/<timestamp>.json)")
+    args = p.parse_args(argv)
+    targets = args.target or ["all"]
+    args.target = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
+    args.url = check_loopback(args.url) if args.url else None
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    args.out = args.out or REPO_ROOT / "benchmarks" / "results" / f"{stamp}.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    deadline = time.monotonic() + args.time_limit
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for target in args.target:
+        print(f"== {target}", file=sys.stderr)
+        if time.monotonic() > deadline:
+            rows.append(Row(target, 0, note="skipped: run time limit"))
+        elif target == "generate-loop":
+            rows.extend(bench_generate(args, deadline))
+        else:
+            rows.extend(bench_http(args, target, deadline, args.out.with_suffix(f".{target}.log")))
+    ratio = ratios(rows, args.concurrency)
+    print(markdown(rows))
+    print()
+    for name, value in ratio.items():
+        print(f"- {name}: {'-' if value is None else value}")
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    versions = {pkg: version(pkg) for pkg in ("torch", "transformers", "httpx")} | {"python": sys.version.split()[0]}
+    report = {"config": config, "versions": versions, "results": [asdict(r) for r in rows], "ratios": ratio}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

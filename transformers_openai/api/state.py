@@ -1,0 +1,89 @@
+"""The app's serving state: loads the model off the event loop, starts and stops the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers_openai.protocol import ModelCard
+from transformers_openai.serving.chat import ChatHandler
+from transformers_openai.serving.completions import CompletionHandler
+from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import ServiceUnavailableError
+
+logger = logging.getLogger(__name__)
+
+Loader = Callable[[], ServingContext]
+
+
+@dataclass(frozen=True)
+class Handlers:
+    chat: ChatHandler
+    completions: CompletionHandler
+
+
+class AppState:
+    """Holds the serving context once it is loaded; until then requests get 503."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+        self._context: ServingContext | None = None
+        self._handlers: Handlers | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.load_error: BaseException | None = None
+
+    async def start(self, on_failure: Callable[[], None] | None = None) -> None:
+        self._task = asyncio.create_task(self._load(on_failure))
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self._context is not None:
+            await self._context.engine.stop()
+
+    async def wait_ready(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    def ready(self) -> bool:
+        return self._context is not None and self._context.engine.running
+
+    def status_message(self) -> str:
+        if self.load_error is not None:
+            return f"the model failed to load: {self.load_error}"
+        if self._context is None:
+            return "the model is loading"
+        return "the engine is not running"
+
+    def context(self) -> ServingContext:
+        if self._context is None or not self._context.engine.running:
+            raise ServiceUnavailableError(self.status_message())
+        return self._context
+
+    def handlers(self) -> Handlers:
+        self.context()
+        assert self._handlers is not None
+        return self._handlers
+
+    def model_aliases(self) -> frozenset[str]:
+        return self.context().model_aliases
+
+    def model_card(self) -> ModelCard:
+        ctx = self.context()
+        return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)
+
+    async def _load(self, on_failure: Callable[[], None] | None) -> None:
+        try:
+            context = await asyncio.to_thread(self._loader)
+            await context.engine.start()
+        except Exception as exc:
+            logger.exception("loading the model failed")
+            self.load_error = exc
+            if on_failure is not None:
+                on_failure()
+            return
+        self._context = context
+        self._handlers = Handlers(ChatHandler(context), CompletionHandler(context))
+        logger.info("model %s ready (%s, context %d)", context.model_name, context.model_kind, context.max_model_len)

@@ -1,0 +1,125 @@
+"""The synchronous heart of the engine: one `step` admits, prefills, decodes, samples and retires rows."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from transformers_openai.engine.detokenizer import Decoder
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.sampler import Sampler
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.sequence import Sequence
+from transformers_openai.runners.base import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Owns the runner and the scheduler; only the engine thread calls it."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Decoder,
+        scheduler: Scheduler,
+        stop_token_ids: frozenset[int],
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self._tokenizer = tokenizer
+        self._stop_token_ids = stop_token_ids
+        self._sampler = Sampler()
+
+    def add(self, request: EngineRequest) -> None:
+        max_total = self.runner.max_model_len - len(request.prompt_token_ids)
+        self.scheduler.add(Sequence(request, self._tokenizer, self._stop_token_ids, max_total))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.scheduler.remove(request_id)
+        if seq is None:
+            return None
+        self._release(seq)
+        logger.warning("request %s aborted (client disconnected) after %d tokens", request_id, len(seq.output_ids))
+        return seq.final_output(FinishReason.ABORT)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Admits what fits, then advances every running row by one token."""
+        outputs: list[RequestOutput] = []
+        admitted = self._prefill(self.scheduler.admissible(), outputs)
+        if admitted:
+            logits = torch.stack([logit for _, logit in admitted])
+            self._sample(logits, [seq for seq, _ in admitted], outputs)
+        running = self.scheduler.running
+        if running:
+            by_slot = {seq.slot: seq for seq in running.values()}
+            try:
+                slots, logits = self.runner.decode({slot: seq.output_ids[-1] for slot, seq in by_slot.items()})
+            except Exception as exc:  # a failed forward ends the batch, not the server
+                logger.exception("decode step failed")
+                outputs.extend(self._fail(list(running.values()), exc))
+                return outputs
+            self._sample(logits, [by_slot[slot] for slot in slots], outputs)
+        return outputs
+
+    def fail_all(self, exc: BaseException) -> list[RequestOutput]:
+        seqs = list(self.scheduler.running.values()) + list(self.scheduler.waiting.values())
+        return self._fail(seqs, exc)
+
+    def _prefill(self, seqs: list[Sequence], outputs: list[RequestOutput]) -> list[tuple[Sequence, torch.Tensor]]:
+        admitted = []
+        for seq in seqs:
+            try:
+                slot, logits = self.runner.prefill(seq.request.prompt_token_ids, seq.request.model_inputs)
+            except Exception as exc:
+                logger.exception("prefill failed for request %s", seq.request_id)
+                outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {exc}"))
+                continue
+            seq.slot = slot
+            self.scheduler.start(seq)
+            admitted.append((seq, logits))
+        return admitted
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]) -> None:
+        result = self._sampler(logits, [seq.sampler_row for seq in seqs])
+        for seq, token_id, logprob in zip(seqs, result.token_ids, result.logprobs):
+            output = seq.append(token_id, logprob)
+            outputs.append(output)
+            if output.finished:
+                self.scheduler.remove(seq.request_id)
+                self._release(seq)
+                _log_finished(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.runner.release(seq.slot)
+            seq.slot = None
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException) -> list[RequestOutput]:
+        outputs = []
+        for seq in seqs:
+            self.scheduler.remove(seq.request_id)
+            self._release(seq)
+            outputs.append(seq.final_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+        return outputs
+
+
+def _log_finished(seq: Sequence) -> None:
+    end = seq.finished_at or time.monotonic()
+    first = seq.first_token_at or end
+    decode_time = end - first
+    rate = (len(seq.output_ids) - 1) / decode_time if decode_time > 0 else 0.0
+    logger.info(
+        "request %s finished: prompt_tokens=%d completion_tokens=%d ttft=%.3fs tokens_per_s=%.1f finish_reason=%s",
+        seq.request_id,
+        seq.prompt_len,
+        len(seq.output_ids),
+        first - seq.arrival,
+        rate,
+        seq.finish_reason.value if seq.finish_reason else "unknown",
+    )

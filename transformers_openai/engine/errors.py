@@ -1,0 +1,17 @@
+"""Errors the engine raises; the API layer maps them to HTTP responses."""
+
+
+class EngineError(Exception):
+    """A failure inside the engine that ends the requests it touched."""
+
+
+class EngineOverloaded(EngineError):
+    """The running batch and the waiting queue are both full."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineStopped(EngineError):
+    """The engine is not running (not started yet, or shutting down)."""

@@ -1,0 +1,64 @@
+"""What goes into the engine (EngineRequest) and what comes out of it (RequestOutput)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers_openai.engine.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One sequence to generate.
+
+    Args:
+        request_id: unique among requests in flight.
+        prompt_token_ids: the model input (decoder prompt, or encoder input for seq2seq models).
+        params: sampling and stopping.
+        model_inputs: extra tensors a runner needs (e.g. audio features); opaque to the engine.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    model_inputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the `top` most likely alternatives (token id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class RequestOutput:
+    """An increment of one request's output. The last one has `finish_reason` set.
+
+    `text` is the new, stop-safe text; `token_ids` the tokens sampled since the previous output.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

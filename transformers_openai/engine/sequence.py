@@ -1,0 +1,98 @@
+"""Per-request state while it waits and while it runs."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from transformers_openai.engine.detokenizer import Decoder, IncrementalDetokenizer
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.sampler import SamplerRow
+from transformers_openai.engine.stop_matcher import StopMatcher
+
+
+class Sequence:
+    """One request inside the engine: its row, tokens, text state and timings."""
+
+    def __init__(
+        self,
+        request: EngineRequest,
+        tokenizer: Decoder,
+        stop_token_ids: frozenset[int],
+        max_total_len: int,
+    ) -> None:
+        self.request = request
+        self.slot: int | None = None
+        self.output_ids: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        params = request.params
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else int(torch.seed()))
+        self.sampler_row = SamplerRow(
+            params=params,
+            generator=generator,
+            prompt_ids=request.prompt_token_ids,
+            output_ids=self.output_ids,
+            stop_token_ids=stop_token_ids,
+        )
+        self._eos = frozenset() if params.ignore_eos else stop_token_ids
+        self._max_tokens = min(params.max_tokens, max_total_len)
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, params.skip_special_tokens, context=request.prompt_token_ids
+        )
+        self._stop = StopMatcher(params.stop)
+        self.arrival = time.monotonic()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    def append(self, token_id: int, logprob: tuple[float, list[tuple[int, float]]] | None) -> RequestOutput:
+        """Records a sampled token and returns the output increment it produces."""
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.output_ids.append(token_id)
+        is_eos = token_id in self._eos  # the sampler keeps these out until min_tokens is reached
+        text = "" if is_eos else self._stop.push(self._detokenizer.push(token_id))
+        if is_eos or self._stop.stopped:
+            self.finish_reason = FinishReason.STOP
+        elif len(self.output_ids) >= self._max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        if self.finish_reason is not None and not self._stop.stopped:
+            text += self._stop.push(self._detokenizer.flush()) + self._stop.flush()
+        if self.finish_reason is not None:
+            self.finished_at = now
+        logprobs = None
+        if logprob is not None:
+            logprobs = [TokenLogprob(token_id=token_id, logprob=logprob[0], top=logprob[1])]
+        return RequestOutput(
+            request_id=self.request_id,
+            text=text,
+            token_ids=[token_id],
+            prompt_tokens=self.prompt_len,
+            completion_tokens=len(self.output_ids),
+            logprobs=logprobs,
+            finish_reason=self.finish_reason,
+        )
+
+    def final_output(self, reason: FinishReason, error: str | None = None) -> RequestOutput:
+        """The closing output of a request ended from outside (aborted or failed)."""
+        self.finish_reason = reason
+        self.finished_at = time.monotonic()
+        return RequestOutput(
+            request_id=self.request_id,
+            text="",
+            token_ids=[],
+            prompt_tokens=self.prompt_len,
+            completion_tokens=len(self.output_ids),
+            finish_reason=reason,
+            error=error,
+        )

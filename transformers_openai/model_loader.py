@@ -1,0 +1,105 @@
+"""Loads the model and tokenizer named by the settings and wires runner, engine and serving context."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from transformers_openai.engine.async_engine import AsyncEngine
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_CONTEXT = 2048
+
+
+def detect_kind(config: PretrainedConfig, override: str = "auto") -> str:
+    if override != "auto":
+        return override
+    if config.model_type == "whisper":
+        return "whisper"
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    return "causal-lm"
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but CUDA is not available")
+    return torch.device(setting)
+
+
+def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting != "auto":
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[setting]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def context_length(config: PretrainedConfig, requested: int | None) -> int:
+    text_config = config.get_text_config(decoder=True)
+    native = getattr(text_config, "max_position_embeddings", None) or _DEFAULT_CONTEXT
+    if requested is None:
+        return int(native)
+    if requested > native:
+        raise ValueError(f"--max-model-len {requested} is longer than the model's {native} positions")
+    return requested
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(t) for t in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_serving_context(settings: Settings) -> ServingContext:
+    """Everything a served model needs, built from the settings (runs in a worker thread)."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
+    config = AutoConfig.from_pretrained(settings.model, **source)
+    kind = detect_kind(config, settings.model_kind)
+    if kind != "causal-lm":
+        raise NotImplementedError(f"model kind '{kind}' is not served yet; only decoder-only models are")
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
+    model = AutoModelForCausalLM.from_pretrained(
+        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source
+    )
+    model.to(device).eval()
+    max_len = context_length(config, settings.max_model_len)
+    logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
+    runner = CausalLMRunner(model, settings.max_batch_size, max_len)
+    scheduler = Scheduler(settings.max_batch_size, settings.max_queue)
+    # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
+    core = EngineCore(runner, copy.deepcopy(tokenizer), scheduler, stop_token_ids(model, tokenizer))
+    template = settings.chat_template.read_text() if settings.chat_template else None
+    return ServingContext(
+        engine=AsyncEngine(core),
+        tokenizer=TokenizerService(tokenizer, template),
+        model_name=settings.model_name,
+        model_aliases=frozenset({settings.model_name, settings.model}),
+        max_model_len=max_len,
+        model_kind=kind,
+        response_role=settings.response_role,
+        default_max_tokens=settings.default_max_tokens,
+    )

@@ -1,0 +1,332 @@
+"""The OpenAI wire protocol (chat, completions, models, errors) as pydantic models, and its mapping to engine parameters."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from transformers_openai.engine.sampling_params import SamplingParams
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+# ---------------------------------------------------------------- requests
+
+
+class _Strict(BaseModel):
+    # Unknown fields are answered with a 400 that names them, never dropped silently.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _only_text_parts(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported; only 'text' parts are")
+        return value
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by chat and completions, including vLLM's extensions."""
+
+    model: str
+    n: int = Field(1, ge=1, le=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    skip_special_tokens: bool = True
+    user: str | None = None
+    # Accepted and harmless: we store nothing and have one service tier.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError("logit_bias values must be between -100 and 100")
+        return value
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> _SamplingRequest:
+        limit = self.requested_max_tokens()
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return None
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        """Engine parameters; `max_tokens` is already resolved against defaults and the context."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None or self.top_k < 0 else self.top_k,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            seed=self.seed,
+            stop=tuple(self.stop or ()),
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+            logprobs=self.logprobs_count(),
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+
+
+def _reject_if_set(value: Any, field: str, why: str) -> None:
+    if value not in (None, False, [], {}):
+        raise ValueError(f"'{field}' is not supported: {why}")
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Known OpenAI fields this server does not implement yet: a 400 naming them when used.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    web_search_options: Any = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatCompletionRequest:
+        _reject_if_set(self.tools, "tools", "this server does not do tool calling yet")
+        _reject_if_set(self.functions, "functions", "this server does not do function calling yet")
+        if self.tool_choice not in (None, "none"):
+            raise ValueError("'tool_choice' is not supported: this server does not do tool calling yet")
+        _reject_if_set(self.function_call, "function_call", "this server does not do function calling yet")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise ValueError("'response_format' is not supported: only {\"type\": \"text\"} is")
+        _reject_if_set(self.audio, "audio", "audio output is not supported")
+        if self.modalities not in (None, ["text"]):
+            raise ValueError("'modalities' is not supported: only ['text'] is")
+        _reject_if_set(self.prediction, "prediction", "predicted outputs are not supported")
+        _reject_if_set(self.web_search_options, "web_search_options", "web search is not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        _reject_if_set(self.suffix, "suffix", "insertion (fill-in-the-middle) is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("'best_of' is not supported: only best_of equal to n")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("'echo' together with 'logprobs' is not supported (no prompt logprobs)")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be an empty list")
+        return self
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of single prompts, each text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class AssistantMessage(BaseModel):
+    role: str
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "transformers-openai-api"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,43 @@
+"""The seam between the engine and a model kind (decoder-only, encoder-decoder, speech)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+
+class ModelRunner(Protocol):
+    """Runs one model over a batch of rows, each row one request's KV state.
+
+    A row is named by a stable `slot` id from `prefill` until `release`. The engine calls these from
+    one thread only.
+    """
+
+    max_rows: int
+    max_model_len: int
+
+    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+        """Processes a new request's input into a fresh row.
+
+        Returns:
+            (slot, logits of the next token, shape [vocab]).
+        """
+        ...
+
+    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
+        """One step over every row, feeding each row its last sampled token.
+
+        Args:
+            last_tokens: slot -> token id, one entry for every row in use.
+        Returns:
+            (slots in the order of the logits' rows, logits of shape [rows, vocab]).
+        """
+        ...
+
+    def release(self, slot: int) -> None:
+        """Frees a row at once; its slot may be reused by the next prefill."""
+        ...
+
+    def rows_in_use(self) -> int: ...

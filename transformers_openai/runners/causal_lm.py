@@ -1,0 +1,58 @@
+"""Runner for decoder-only language models (AutoModelForCausalLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from transformers_openai.runners.kv_cache import BatchKVCache
+from transformers_openai.runners.slots import SlotTable
+
+
+class CausalLMRunner:
+    """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
+
+    def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int) -> None:
+        self.model = model
+        self.max_rows = max_rows
+        self.max_model_len = max_model_len
+        self.device = model.device
+        layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self._cache = BatchKVCache(layers, max_rows, max_model_len)
+        self._slots = SlotTable(max_rows)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+        input_ids = torch.tensor([prompt_token_ids], device=self.device)
+        own_cache = DynamicCache()
+        out = self.model(input_ids=input_ids, past_key_values=own_cache, use_cache=True, logits_to_keep=1)
+        pos = self._cache.insert([(layer.keys, layer.values) for layer in own_cache.layers])
+        return self._slots.add(pos), out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
+        order = self._slots.order()
+        cache = self._cache
+        cache.ensure_room(1)
+        input_ids = torch.tensor([[last_tokens[slot]] for slot in order], device=self.device)
+        position_ids = torch.tensor([[n] for n in cache.lens], device=self.device)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=cache.attention_mask(extra=1),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache.advance(1)
+        return order, out.logits[:, -1].float()
+
+    @torch.inference_mode()
+    def release(self, slot: int) -> None:
+        moved = self._cache.remove(self._slots.pos(slot))
+        self._slots.remove(slot, moved)
+
+    def rows_in_use(self) -> int:
+        return len(self._slots)

@@ -1,0 +1,160 @@
+"""A batched KV cache with preallocated rows, usable by stock transformers forwards as a `Cache`.
+
+Rows are right-aligned (left-padded): the causal-mask code of transformers uses one shared offset
+for the whole batch, so every row's newest token sits in the same column. Each row's real length
+is kept apart and turned into the attention mask and position ids by the runner.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's view of the shared buffers: writes the step's new column in place, no concatenation."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: BatchKVCache, index: int) -> None:
+        super().__init__()
+        self._owner = owner
+        self._index = index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._owner.write(self._index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._owner.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self._owner.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BatchKVCache(Cache):
+    """K/V buffers `[max_rows, kv_heads, capacity, head_dim]` per layer; rows 0..rows-1 are in use.
+
+    Joining writes a prefilled row into the next free position; leaving moves the last row into the
+    hole. Capacity doubles as sequences grow and the buffers are dropped when the batch empties, so
+    memory follows the live requests, not the number served.
+    """
+
+    def __init__(self, num_layers: int, max_rows: int, max_len: int) -> None:
+        self._layers_n = num_layers
+        self.max_rows = max_rows
+        self.max_len = max_len
+        self.rows = 0
+        self.length = 0  # shared column count; row i holds its tokens in the last lens[i] columns
+        self.lens: list[int] = []
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
+
+    # -- the Cache side, called by the model's attention layers during a decode step
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = key.shape[-2]
+        end = self.length + n
+        self._k[layer][: self.rows, :, self.length : end] = key
+        self._v[layer][: self.rows, :, self.length : end] = value
+        return self._k[layer][: self.rows, :, :end], self._v[layer][: self.rows, :, :end]
+
+    def advance(self, n: int = 1) -> None:
+        """Records that the step just run appended `n` columns to every row."""
+        self.length += n
+        self.lens = [length + n for length in self.lens]
+
+    def ensure_room(self, n: int) -> None:
+        """Makes sure `n` more columns fit before a step writes them."""
+        self._reserve(self.length + n)
+
+    # -- row management, called by the runner between steps
+    def insert(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Adds a row from a single-request cache (`[1, heads, len, dim]` per layer); returns its position."""
+        if self.rows >= self.max_rows:
+            raise RuntimeError("no free KV row")
+        new_len = layers[0][0].shape[-2]
+        if not self._k:
+            self._allocate(layers[0][0], capacity=max(new_len + 1, 16))
+        if new_len > self.length:
+            self._shift_right(new_len - self.length)
+        self._reserve(self.length + 1)
+        pos = self.rows
+        start = self.length - new_len
+        for layer, (key, value) in enumerate(layers):
+            self._k[layer][pos, :, :start] = 0
+            self._v[layer][pos, :, :start] = 0
+            self._k[layer][pos, :, start : self.length] = key[0]
+            self._v[layer][pos, :, start : self.length] = value[0]
+        self.rows += 1
+        self.lens.append(new_len)
+        return pos
+
+    def remove(self, pos: int) -> int | None:
+        """Frees the row at `pos`. Returns the old position of the row moved into its place, if any."""
+        last = self.rows - 1
+        moved = None
+        if pos != last:
+            for layer in range(self._layers_n):
+                self._k[layer][pos, :, : self.length] = self._k[layer][last, :, : self.length]
+                self._v[layer][pos, :, : self.length] = self._v[layer][last, :, : self.length]
+            self.lens[pos] = self.lens[last]
+            moved = last
+        self.lens.pop()
+        self.rows -= 1
+        if self.rows == 0:
+            self._k, self._v, self.length = [], [], 0
+        else:
+            self._trim()
+        return moved
+
+    def attention_mask(self, extra: int) -> torch.Tensor:
+        """`[rows, length + extra]` mask: 1 on each row's real tokens and on the `extra` new ones."""
+        device = self._k[0].device
+        columns = torch.arange(self.length + extra, device=device).unsqueeze(0)
+        starts = torch.tensor([self.length - n for n in self.lens], device=device).unsqueeze(1)
+        return (columns >= starts).long()
+
+    # -- buffer housekeeping
+    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
+        shape = (self.max_rows, like.shape[1], capacity, like.shape[3])
+        self._k = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+        self._v = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self._k[0].shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = min(max(needed, capacity * 2), max(self.max_len + 1, needed))
+        for buffers in (self._k, self._v):
+            for layer, old in enumerate(buffers):
+                grown = old.new_zeros((old.shape[0], old.shape[1], new_capacity, old.shape[3]))
+                grown[:, :, : self.length] = old[:, :, : self.length]
+                buffers[layer] = grown
+
+    def _shift_right(self, by: int) -> None:
+        self._reserve(self.length + by + 1)
+        for buffers in (self._k, self._v):
+            for buf in buffers:
+                if self.rows:
+                    buf[: self.rows, :, by : by + self.length] = buf[: self.rows, :, : self.length].clone()
+                    buf[: self.rows, :, :by] = 0
+        self.length += by
+
+    def _trim(self) -> None:
+        """Drops leading columns that are padding in every row (after the longest row left)."""
+        by = self.length - max(self.lens)
+        if by <= 0:
+            return
+        new_length = self.length - by
+        for buffers in (self._k, self._v):
+            for buf in buffers:
+                buf[: self.rows, :, :new_length] = buf[: self.rows, :, by : self.length].clone()
+        self.length = new_length

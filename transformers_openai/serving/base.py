@@ -1,0 +1,263 @@
+"""What chat and completions share: ids, limits, fan-out over n and prompts, streaming, usage, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import (
+    BadRequestError,
+    InternalServerError,
+    ModelNotFoundError,
+    to_openai_error,
+)
+
+logger = logging.getLogger(__name__)
+
+RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+WaitDisconnect = Callable[[], Awaitable[None]]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before a non-streaming response was ready."""
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]
+    text: str | None = None  # the prompt as text, when echo needs it
+
+
+@dataclass
+class Choice:
+    """The accumulated state of one choice (one engine request)."""
+
+    index: int
+    prompt: Prompt
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # engine TokenLogprob items
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+
+
+class GenerationHandler(Generic[RequestT]):
+    """Base of the chat and completions handlers; subclasses build prompts and shape the responses."""
+
+    default_max_tokens_when_unset: int | None = None  # None: the rest of the context
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    # -- subclass hooks
+    async def prompts(self, request: RequestT) -> list[Prompt]:
+        raise NotImplementedError
+
+    def response(self, request_id: str, request: RequestT, choices: list[Choice], usage: Usage) -> BaseModel:
+        raise NotImplementedError
+
+    def first_chunks(self, request_id: str, request: RequestT, choices: list[Choice]) -> list[BaseModel]:
+        return []
+
+    def chunk(self, request_id: str, request: RequestT, choice: Choice, output: RequestOutput) -> BaseModel | None:
+        raise NotImplementedError
+
+    def usage_chunk(self, request_id: str, request: RequestT, usage: Usage) -> BaseModel:
+        raise NotImplementedError
+
+    # -- the shared flow
+    async def create(
+        self, request: RequestT, wait_disconnect: WaitDisconnect
+    ) -> BaseModel | AsyncIterator[BaseModel]:
+        """Validates, submits to the engine and returns a full response or a stream of chunks."""
+        if request.model not in self.ctx.model_aliases:
+            raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        request_id = self.request_id_prefix + uuid.uuid4().hex
+        prompts = await self.prompts(request)
+        choices, engine_requests = self._fan_out(request_id, request, prompts)
+        streams = self.ctx.engine.submit(engine_requests)
+        merged = self._merge([r.request_id for r in engine_requests], streams)
+        if request.stream:
+            return self._stream(request_id, request, choices, merged)
+        return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect)
+
+    request_id_prefix = "req-"
+
+    def _fan_out(
+        self, request_id: str, request: RequestT, prompts: list[Prompt]
+    ) -> tuple[list[Choice], list[EngineRequest]]:
+        choices: list[Choice] = []
+        engine_requests: list[EngineRequest] = []
+        for p, prompt in enumerate(prompts):
+            max_tokens = self._max_tokens(request, len(prompt.token_ids))
+            params = request.to_sampling_params(max_tokens)
+            self._check_vocab(params.logit_bias, prompt.token_ids)
+            for i in range(request.n):
+                index = p * request.n + i
+                seed = None if params.seed is None else params.seed + i
+                choice_params = params if seed == params.seed else replace(params, seed=seed)
+                choices.append(Choice(index=index, prompt=prompt))
+                engine_requests.append(EngineRequest(f"{request_id}-{index}", prompt.token_ids, choice_params))
+        return choices, engine_requests
+
+    def _max_tokens(self, request: RequestT, prompt_len: int) -> int:
+        limit = self.ctx.max_model_len
+        room = limit - prompt_len
+        if prompt_len == 0:
+            raise BadRequestError("the prompt is empty", param="prompt")
+        if room < 1:
+            raise BadRequestError(
+                f"the prompt is {prompt_len} tokens long but the model's context is {limit} tokens; "
+                "shorten the prompt",
+                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        requested = request.requested_max_tokens()
+        if requested is None:
+            default = self.ctx.default_max_tokens or self.default_max_tokens_when_unset or room
+            return min(default, room)
+        if requested > room:
+            raise BadRequestError(
+                f"this model's context is {limit} tokens; the prompt takes {prompt_len}, so at most {room} "
+                f"can be generated, but {requested} were asked for; lower max_tokens or shorten the prompt",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return requested
+
+    def _check_vocab(self, logit_bias: dict[int, float], prompt_ids: list[int]) -> None:
+        vocab = self.ctx.tokenizer.vocab_size
+        for token_id in logit_bias:
+            if not 0 <= token_id < vocab:
+                raise BadRequestError(f"logit_bias token id {token_id} is outside the vocabulary", param="logit_bias")
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+
+    async def _merge(
+        self, engine_ids: list[str], streams: list[AsyncIterator[RequestOutput]]
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Interleaves the choices' outputs as they come; aborts every unfinished one on exit."""
+        if len(streams) == 1:
+            try:
+                async for output in streams[0]:
+                    yield 0, output
+            finally:
+                self.ctx.engine.abort(engine_ids[0])
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+
+        async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+            try:
+                async for output in stream:
+                    queue.put_nowait((index, output))
+            except Exception as exc:
+                queue.put_nowait((index, exc))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            remaining = len(streams)
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield index, item
+                remaining -= item.finished
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for engine_id in engine_ids:
+                self.ctx.engine.abort(engine_id)
+
+    async def _collect_or_abort(
+        self,
+        request_id: str,
+        request: RequestT,
+        choices: list[Choice],
+        merged: AsyncIterator[tuple[int, RequestOutput]],
+        wait_disconnect: WaitDisconnect,
+    ) -> BaseModel:
+        collect = asyncio.ensure_future(self._collect(choices, merged))
+        disconnected = asyncio.ensure_future(wait_disconnect())
+        try:
+            await asyncio.wait({collect, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnected.cancel()
+            if not collect.done():
+                collect.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collect
+                logger.warning("request %s: client disconnected before the response; aborted", request_id)
+                raise ClientDisconnected(request_id)
+        collect.result()
+        return self.response(request_id, request, choices, self._usage(choices))
+
+    async def _collect(self, choices: list[Choice], merged: AsyncIterator[tuple[int, RequestOutput]]) -> None:
+        try:
+            async for index, output in merged:
+                _check_output(output)
+                self._accumulate(choices[index], output)
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+
+    async def _stream(
+        self,
+        request_id: str,
+        request: RequestT,
+        choices: list[Choice],
+        merged: AsyncIterator[tuple[int, RequestOutput]],
+    ) -> AsyncIterator[BaseModel]:
+        try:
+            for chunk in self.first_chunks(request_id, request, choices):
+                yield chunk
+            async for index, output in merged:
+                _check_output(output)
+                choice = choices[index]
+                self._accumulate(choice, output)
+                chunk = self.chunk(request_id, request, choice, output)
+                if chunk is not None:
+                    yield chunk
+            if request.include_usage():
+                yield self.usage_chunk(request_id, request, self._usage(choices))
+        except (asyncio.CancelledError, GeneratorExit):
+            logger.warning("request %s: client disconnected mid-stream; aborted", request_id)
+            raise
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _accumulate(choice: Choice, output: RequestOutput) -> None:
+        choice.text += output.text
+        choice.token_ids.extend(output.token_ids)
+        if output.logprobs:
+            choice.logprobs.extend(output.logprobs)
+        choice.completion_tokens = output.completion_tokens
+        if output.finish_reason is not None:
+            choice.finish_reason = output.finish_reason.value
+
+    @staticmethod
+    def _usage(choices: list[Choice]) -> Usage:
+        prompt_tokens = sum(len(p.token_ids) for p in {id(c.prompt): c.prompt for c in choices}.values())
+        completion_tokens = sum(c.completion_tokens for c in choices)
+        return Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+def _check_output(output: RequestOutput) -> None:
+    if output.finish_reason is FinishReason.ERROR:
+        raise InternalServerError(f"generation failed: {output.error}")
+    if output.finish_reason is FinishReason.ABORT:
+        raise to_openai_error(RuntimeError("request aborted"))

@@ -1,0 +1,103 @@
+"""POST /v1/chat/completions: messages through the chat template, answers as chat completions."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from transformers_openai.engine.request import RequestOutput, TokenLogprob
+from transformers_openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+    Usage,
+)
+from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
+from transformers_openai.serving.errors import BadRequestError
+
+
+class ChatHandler(GenerationHandler[ChatCompletionRequest]):
+    request_id_prefix = "chatcmpl-"
+
+    async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
+        if self.ctx.model_kind != "causal-lm":
+            raise BadRequestError("chat is not available for this model kind yet", param="messages")
+        messages = [
+            # OpenAI's "developer" role is the newer name of "system"; templates know the latter.
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in request.messages
+        ]
+        return [Prompt(await self.ctx.tokenizer.encode_chat(messages))]
+
+    def response(
+        self, request_id: str, request: ChatCompletionRequest, choices: list[Choice], usage: Usage
+    ) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=request_id,
+            model=request.model,
+            choices=[
+                ChatChoice(
+                    index=c.index,
+                    message=AssistantMessage(role=self.ctx.response_role, content=c.text),
+                    logprobs=self._logprobs(request, c.logprobs),
+                    finish_reason=c.finish_reason,
+                )
+                for c in choices
+            ],
+            usage=usage,
+        )
+
+    def first_chunks(self, request_id: str, request: ChatCompletionRequest, choices: list[Choice]) -> list[BaseModel]:
+        return [
+            ChatCompletionChunk(
+                id=request_id,
+                model=request.model,
+                choices=[ChatChunkChoice(index=c.index, delta=DeltaMessage(role=self.ctx.response_role, content=""))],
+            )
+            for c in choices
+        ]
+
+    def chunk(
+        self, request_id: str, request: ChatCompletionRequest, choice: Choice, output: RequestOutput
+    ) -> BaseModel | None:
+        if not output.text and not output.finished and not (output.logprobs and request.logprobs):
+            return None
+        return ChatCompletionChunk(
+            id=request_id,
+            model=request.model,
+            choices=[
+                ChatChunkChoice(
+                    index=choice.index,
+                    delta=DeltaMessage(content=output.text or None),
+                    logprobs=self._logprobs(request, output.logprobs or []),
+                    finish_reason=output.finish_reason.value if output.finish_reason else None,
+                )
+            ],
+        )
+
+    def usage_chunk(self, request_id: str, request: ChatCompletionRequest, usage: Usage) -> BaseModel:
+        return ChatCompletionChunk(id=request_id, model=request.model, choices=[], usage=usage)
+
+    def _logprobs(self, request: ChatCompletionRequest, items: list[TokenLogprob]) -> ChatLogprobs | None:
+        if not request.logprobs:
+            return None
+        return ChatLogprobs(content=[self._token_logprob(item) for item in items])
+
+    def _token_logprob(self, item: TokenLogprob) -> ChatTokenLogprob:
+        text = self.ctx.tokenizer.token_text(item.token_id)
+        return ChatTokenLogprob(
+            token=text,
+            logprob=item.logprob,
+            bytes=list(text.encode()),
+            top_logprobs=[self._top(token_id, logprob) for token_id, logprob in item.top],
+        )
+
+    def _top(self, token_id: int, logprob: float) -> TopLogprob:
+        text = self.ctx.tokenizer.token_text(token_id)
+        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))

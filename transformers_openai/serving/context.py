@@ -1,0 +1,39 @@
+"""What every handler needs: the engine, the tokenizer and the model's limits."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.serving.tokenizer import TokenizerService
+
+
+class EngineClient(Protocol):
+    """The engine's surface as the serving layer uses it (AsyncEngine, or a fake in tests)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def submit(self, requests: Sequence[EngineRequest]) -> list[AsyncIterator[RequestOutput]]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> Any: ...
+
+
+@dataclass
+class ServingContext:
+    engine: EngineClient
+    tokenizer: TokenizerService
+    model_name: str
+    model_aliases: frozenset[str]
+    max_model_len: int
+    model_kind: str
+    response_role: str = "assistant"
+    default_max_tokens: int | None = None

@@ -1,0 +1,89 @@
+"""The one error hierarchy of the server and its mapping from engine and validation failures."""
+
+from __future__ import annotations
+
+from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
+from transformers_openai.protocol import ErrorBody, ErrorResponse
+
+
+class OpenAIError(Exception):
+    """An error the client sees, in OpenAI's shape, with its HTTP status."""
+
+    status_code = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code))
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class BadRequestError(OpenAIError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationError(OpenAIError):
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(OpenAIError):
+    status_code = 404
+    type = "invalid_request_error"
+
+
+class ModelNotFoundError(NotFoundError):
+    code = "model_not_found"
+
+
+class PayloadTooLargeError(OpenAIError):
+    status_code = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimitError(OpenAIError):
+    status_code = 429
+    type = "rate_limit_error"  # kept apart from OpenAI's quota errors by the code below
+    code = "server_overloaded"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class ServiceUnavailableError(OpenAIError):
+    status_code = 503
+    type = "service_unavailable"
+
+
+class InternalServerError(OpenAIError):
+    status_code = 500
+    type = "server_error"
+
+
+def to_openai_error(exc: BaseException) -> OpenAIError:
+    """The one mapping from any failure to what the client is told."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineOverloaded):
+        return RateLimitError(str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, EngineStopped):
+        return ServiceUnavailableError(str(exc))
+    if isinstance(exc, EngineError):
+        return InternalServerError(str(exc))
+    return InternalServerError(f"internal error: {type(exc).__name__}")

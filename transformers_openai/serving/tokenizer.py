@@ -1,0 +1,63 @@
+"""Prompt rendering and tokenization off the event loop, and token strings for logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from transformers_openai.serving.errors import BadRequestError
+
+
+class TokenizerService:
+    """Wraps a transformers tokenizer for the handlers.
+
+    Encoding runs in a worker thread under a lock: a fast tokenizer must not be used from two
+    threads at once, and rendering a long chat must not block the event loop.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        self.vocab_size = len(tokenizer)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tokenizer, "chat_template", None))
+
+    async def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if not self.has_chat_template:
+            raise BadRequestError(
+                "this model has no chat template; start the server with --chat-template FILE "
+                "or use /v1/completions",
+                param="messages",
+            )
+        return await asyncio.to_thread(self._render_chat, messages)
+
+    async def encode_text(self, text: str) -> list[int]:
+        return await asyncio.to_thread(self._encode, text)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await asyncio.to_thread(self._decode, token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        with self._lock:
+            return str(self._tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def _render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        with self._lock:
+            try:
+                text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as exc:  # template errors are the request's fault (e.g. role order)
+                raise BadRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode(self, text: str) -> list[int]:
+        with self._lock:
+            return list(self._tokenizer.encode(text))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        with self._lock:
+            return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
