@@ -1,11 +1,11 @@
-"""The OpenAI wire protocol (chat, completions, models, errors) as pydantic models, and its mapping to engine parameters."""
+"""The OpenAI wire protocol (chat, completions, models, errors) and its mapping to engine parameters."""
 
 from __future__ import annotations
 
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from transformers_openai.engine.sampling_params import SamplingParams
 
@@ -55,6 +55,12 @@ class ChatMessage(_Strict):
                 if kind != "text":
                     raise ValueError(f"content parts of type {kind!r} are not supported; only 'text' parts are")
         return value
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -149,9 +155,33 @@ class _SamplingRequest(_Strict):
         )
 
 
-def _reject_if_set(value: Any, field: str, why: str) -> None:
-    if value not in (None, False, [], {}):
-        raise ValueError(f"'{field}' is not supported: {why}")
+_NOT_SUPPORTED: dict[str, str] = {
+    "tools": "this server does not do tool calling yet",
+    "tool_choice": "this server does not do tool calling yet",
+    "functions": "this server does not do function calling yet",
+    "function_call": "this server does not do function calling yet",
+    "response_format": 'only {"type": "text"} is supported',
+    "audio": "audio output is not supported",
+    "modalities": "only ['text'] is supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "suffix": "insertion (fill-in-the-middle) is not supported",
+}
+
+# Values of the unsupported fields that ask for nothing beyond plain text generation.
+_HARMLESS: dict[str, list[Any]] = {
+    "tool_choice": ["none"],
+    "response_format": [{"type": "text"}],
+    "modalities": [["text"]],
+}
+
+
+def _reject_unsupported(value: Any, info: ValidationInfo) -> Any:
+    """A field validator: a 400 whose `param` is the field, unless the value asks for nothing."""
+    name = info.field_name or ""
+    if value in (None, False, [], {}) or value in _HARMLESS.get(name, []):
+        return value
+    raise ValueError(f"'{name}' is not supported: {_NOT_SUPPORTED[name]}")
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -172,23 +202,17 @@ class ChatCompletionRequest(_SamplingRequest):
     reasoning_effort: str | None = None
     web_search_options: Any = None
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> ChatCompletionRequest:
-        _reject_if_set(self.tools, "tools", "this server does not do tool calling yet")
-        _reject_if_set(self.functions, "functions", "this server does not do function calling yet")
-        if self.tool_choice not in (None, "none"):
-            raise ValueError("'tool_choice' is not supported: this server does not do tool calling yet")
-        _reject_if_set(self.function_call, "function_call", "this server does not do function calling yet")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ValueError("'response_format' is not supported: only {\"type\": \"text\"} is")
-        _reject_if_set(self.audio, "audio", "audio output is not supported")
-        if self.modalities not in (None, ["text"]):
-            raise ValueError("'modalities' is not supported: only ['text'] is")
-        _reject_if_set(self.prediction, "prediction", "predicted outputs are not supported")
-        _reject_if_set(self.web_search_options, "web_search_options", "web search is not supported")
-        if self.top_logprobs and not self.logprobs:
+    _unsupported = field_validator(
+        "tools", "tool_choice", "functions", "function_call", "response_format", "audio", "modalities",
+        "prediction", "web_search_options",
+    )(_reject_unsupported)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
             raise ValueError("'top_logprobs' needs 'logprobs': true")
-        return self
+        return value
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -204,16 +228,28 @@ class CompletionRequest(_SamplingRequest):
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> CompletionRequest:
-        _reject_if_set(self.suffix, "suffix", "insertion (fill-in-the-middle) is not supported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("'best_of' is not supported: only best_of equal to n")
-        if self.echo and self.logprobs is not None:
+    _unsupported = field_validator("suffix")(_reject_unsupported)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("echo"):
             raise ValueError("'echo' together with 'logprobs' is not supported (no prompt logprobs)")
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt must not be an empty list")
-        return self
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("'best_of' is not supported: only best_of equal to n")
+        return value
 
     def logprobs_count(self) -> int | None:
         return self.logprobs

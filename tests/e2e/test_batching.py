@@ -43,7 +43,7 @@ async def _concurrent_completions(server: ServerProcess, max_tokens: int, stagge
 
 
 def _assert_equal_to_generate(model_dir: Path, results: list[tuple[str, int]], max_tokens: int) -> None:
-    for prompt, (text, tokens) in zip(PROMPTS, results):
+    for prompt, (text, tokens) in zip(PROMPTS, results, strict=True):
         expected_text, expected_tokens = reference.greedy_text(
             model_dir, reference.text_prompt_ids(model_dir, prompt), max_tokens
         )

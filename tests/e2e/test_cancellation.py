@@ -59,7 +59,7 @@ def test_disconnect_mid_stream_frees_the_row(smollm2_server: ServerProcess, smol
     # 1500 tokens per victim would take minutes here: the rows were freed by the disconnect, not by finishing.
     assert elapsed < 60
     assert smollm2_server.log().count("aborted") >= 2
-    for prompt, text in zip(prompts, texts):
+    for prompt, text in zip(prompts, texts, strict=True):
         expected, _ = reference.greedy_text(smollm2_dir, reference.text_prompt_ids(smollm2_dir, prompt), 24)
         assert text == expected
 

@@ -30,9 +30,10 @@ def validation_error(exc: RequestValidationError) -> BadRequestError:
     if not errors:
         return BadRequestError("invalid request")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
+    param = _param(first.get("loc", ()))
     kind = first.get("type", "")
+    if kind == "missing" and param is None:
+        return BadRequestError("a JSON request body is required", code="missing_body")
     if kind == "json_invalid":
         return BadRequestError("the request body is not valid JSON", code="invalid_json")
     if kind == "missing":
@@ -42,6 +43,23 @@ def validation_error(exc: RequestValidationError) -> BadRequestError:
     message = str(first.get("msg", "invalid value"))
     message = message.removeprefix("Value error, ")
     return BadRequestError(f"{param}: {message}" if param else message, param=param, code="invalid_value")
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """The request field an error is about: pydantic's location without 'body' and union-member tags."""
+    parts: list[str] = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, str) and not part.isidentifier():
+            break  # a union member tag such as 'list[str]' or 'function-after[...]'
+        if isinstance(part, str) and part in _UNION_TAGS:
+            break
+        parts.append(str(part))
+    return ".".join(parts) or None
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,4 +1,4 @@
-"""The asyncio front of the engine: submit requests, stream their outputs, abort them. Runs the core on its own thread."""
+"""The asyncio front of the engine: submit, stream outputs, abort. Runs the core on its own thread."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class EngineCore:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]) -> None:
         result = self._sampler(logits, [seq.sampler_row for seq in seqs])
-        for seq, token_id, logprob in zip(seqs, result.token_ids, result.logprobs):
+        for seq, token_id, logprob in zip(seqs, result.token_ids, result.logprobs, strict=True):
             output = seq.append(token_id, logprob)
             outputs.append(output)
             if output.finished:

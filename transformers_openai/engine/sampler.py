@@ -49,7 +49,7 @@ class Sampler:
                 top: list[tuple[int, float]] = []
                 if n > 0:
                     values, indices = raw_logprobs[i].topk(n)
-                    top = list(zip(indices.tolist(), values.tolist()))
+                    top = list(zip(indices.tolist(), values.tolist(), strict=True))
                 logprobs[i] = (float(raw_logprobs[i, token_ids[i]]), top)
         return SampleResult(token_ids, logprobs)
 

@@ -173,11 +173,12 @@ class GenerationHandler(Generic[RequestT]):
                 yield index, item
                 remaining -= item.finished
         finally:
+            # Abort first: the awaits below may themselves be cancelled when the client is gone.
+            for engine_id in engine_ids:
+                self.ctx.engine.abort(engine_id)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for engine_id in engine_ids:
-                self.ctx.engine.abort(engine_id)
 
     async def _collect_or_abort(
         self,

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Installs everything the tests need into .venv and runs the whole suite (unit, app, end-to-end); args go to pytest.
+EXTRAS=test source "$(dirname "$0")/env.sh"
+ruff check transformers_openai tests benchmarks
+python -m pytest -q -p no:cacheprovider "$@"
