@@ -1,21 +1,22 @@
 """Serving benchmark: our continuous-batching server vs `transformers serve` vs a bare `generate()` loop.
 
-Targets (``--target``, repeatable, or ``all``):
+Targets (`--target`, repeatable, or `all`):
 
-* ``server``: ``python -m transformers_openai.main`` started as a subprocess on a free loopback port
-  (or an already running one given with ``--url``), driven with streaming OpenAI requests that carry
-  ``ignore_eos: true`` so that every request yields exactly ``--max-tokens`` tokens.
-* ``transformers-serve``: ``transformers serve --continuous-batching`` (CPU, float32) with the model
-  directory as its forced model. It needs ``pip install 'transformers[serving]'`` (fastapi, uvicorn,
-  openai, ...). It rejects unknown body fields such as ``ignore_eos``, so exact lengths are forced via
-  its ``generation_config`` field (``min_new_tokens = max_new_tokens = --max-tokens``). It ignores
-  ``stream_options`` but always sends a final usage chunk, and it ends streams without ``[DONE]``.
-* ``generate-loop``: in-process ``model.generate()`` (fp32, CPU, sdpa), one prompt at a time.
+* `server`: `python -m transformers_openai.main` started as a subprocess on a free loopback port
+  (or an already running one given with `--url`), driven with streaming OpenAI requests that carry
+  `ignore_eos: true` so that every request yields exactly `--max-tokens` tokens.
+* `transformers-serve`: `transformers serve --continuous-batching` (CPU, float32) with the model
+  directory as its forced model. It needs `pip install 'transformers[serving]'` (fastapi, uvicorn,
+  openai, ...). It rejects unknown body fields such as `ignore_eos`, so exact lengths are forced via
+  its `generation_config` field (`min_new_tokens = max_new_tokens = --max-tokens`). It ignores
+  `stream_options` but always sends a final usage chunk, and it ends streams without `[DONE]`. Its
+  continuous-batching manager keeps the generation config of the first (warm-up) request.
+* `generate-loop`: in-process `model.generate()` (fp32, CPU, sdpa), one prompt at a time.
 
-For every target and concurrency a closed loop keeps ``concurrency`` requests in flight until
-``--requests`` have completed. Reported: output tokens/s (all output tokens / batch wall time), TTFT
+For every target and concurrency a closed loop keeps `concurrency` requests in flight until
+`--requests` have completed. Reported: output tokens/s (all output tokens / batch wall time), TTFT
 p50/p99 (send -> first content delta), ITL p50 (gaps between content chunks), E2E p50, errors.
-A markdown table goes to stdout and everything to a JSON file (``--out``). Only loopback addresses
+A markdown table goes to stdout and everything to a JSON file (`--out`). Only loopback addresses
 are contacted; spawned servers are always killed at the end.
 
 Example:
@@ -39,6 +40,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from importlib.metadata import version
+from importlib.util import find_spec
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("server", "transformers-serve", "generate-loop")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 PROMPTS = [
     "Hello!",
@@ -176,8 +179,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any], 
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")[:200]
-                return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {text}")
+                detail = (await resp.aread()).decode(errors="replace")[:200]
+                return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {detail}")
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -220,7 +223,7 @@ async def closed_loop(
             coro = stream_one(client, url, request_body(args, target, model, prompt), chat)
             try:
                 return await asyncio.wait_for(coro, args.request_timeout)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # noqa: UP041 - TimeoutError only from Python 3.11
                 return Result(False, args.request_timeout, error="request timeout")
 
         async def worker() -> None:
@@ -230,7 +233,7 @@ async def closed_loop(
         start = time.perf_counter()
         try:
             await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(conc))), max(budget, 1.0))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # noqa: UP041 - TimeoutError only from Python 3.11
             done = len(results)
             results.extend(Result(False, 0.0, error="run time limit") for _ in range(len(prompts) - done))
         return results, time.perf_counter() - start
@@ -253,8 +256,15 @@ def spawned_server(cmd: list[str], port: int, env: dict[str, str], log: Path, st
     """Start `cmd`, wait for GET /health == 200, yield its base URL; always kill its process group."""
     base = f"http://127.0.0.1:{port}"
     with open(log, "wb") as log_file:
-        io = {"stdin": subprocess.DEVNULL, "stdout": log_file, "stderr": subprocess.STDOUT}
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True, **io)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + startup_timeout
             while True:
@@ -278,13 +288,15 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, sig)
             proc.wait(wait)
             return
+    proc.poll()  # reap it if the group was already gone
 
 
 def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
-    model, listen = str(args.model), f"--host 127.0.0.1 --port {port}".split()
+    model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
     if target == "server":
-        flags = f"--max-batch-size {args.max_batch_size} --dtype float32 --device cpu".split()
-        return [sys.executable, "-m", "transformers_openai.main", "--model", model, *listen, *flags, *args.server_arg]
+        opts = f"--max-batch-size {args.max_batch_size} --dtype float32 --device cpu --torch-threads {args.threads}"
+        server = [sys.executable, "-m", "transformers_openai.main", "--model", model]
+        return [*server, *listen, *opts.split(), *args.server_arg]
     exe = Path(sys.executable).parent / "transformers"
     if not exe.exists():
         raise RuntimeError(f"no `transformers` CLI next to {sys.executable}")
@@ -296,10 +308,9 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
     threads = str(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1")
     if target == "transformers-serve":
-        try:
-            import fastapi, uvicorn  # noqa: F401, I001 - the `serving` extra
-        except ImportError as exc:
-            return [Row(target, 0, note=f"unavailable: {exc}; pip install 'transformers[serving]'")]
+        missing = [name for name in ("fastapi", "uvicorn", "openai") if find_spec(name) is None]
+        if missing:
+            return [Row(target, 0, note=f"unavailable: missing {missing}; pip install 'transformers[serving]'")]
     try:
         if target == "server" and args.url:
             return run_levels(args, target, args.url, deadline)
@@ -341,7 +352,7 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    model: Any = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
     model.eval()
     n = args.max_tokens
 
@@ -403,41 +414,30 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show a default only where it says something."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, [], 0) or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    p.add_argument(
-        "--model", type=Path, default=REPO_ROOT / ".cache/models/smollm2-135m-instruct", help="local HF model directory"
-    )
-    p.add_argument(
-        "--target", action="append", choices=[*TARGETS, "all"], help="what to benchmark; repeatable (default: all)"
-    )
-    p.add_argument("--url", help="use an already running `server` at this loopback base URL instead of spawning")
-    p.add_argument("--model-name", help="`model` field to send (default: first of /v1/models, else --model)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions", help="OpenAI endpoint")
-    p.add_argument("--concurrency", type=int_list, default="1,4,16", help="comma-separated concurrency levels")
-    p.add_argument("--requests", type=int, default=0, help="requests per level (0: max(2*concurrency, 8))")
-    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (exact)")
-    p.add_argument("--max-batch-size", type=int, default=16, help="passed to our server")
-    p.add_argument("--threads", type=int, default=1, help="torch/OMP threads of every model process")
-    p.add_argument("--seed", type=int, default=0, help="prompt selection seed")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for GET /health")
-    p.add_argument("--time-limit", type=float, default=3600.0, help="seconds for the whole run")
-    p.add_argument("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
-    p.add_argument("--out", type=Path, help="JSON output (default: benchmarks/results/<timestamp>.json)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--model", type=Path, default=DEFAULT_MODEL, help="local HF model directory (default: %(default)s)")
+    add("--target", action="append", choices=[*TARGETS, "all"], help="what to run; repeatable (default: all)")
+    add("--url", help="benchmark an already running `server` at this loopback base URL instead of spawning one")
+    add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
+    add("--endpoint", choices=["completions", "chat"], default="completions", help="(default: %(default)s)")
+    add("--concurrency", type=int_list, default="1,4,16", help="comma-separated levels (default: %(default)s)")
+    add("--requests", type=int, default=0, help="requests per level (default: max(2*concurrency, 8))")
+    add("--max-tokens", type=int, default=64, help="exact output tokens per request (default: %(default)s)")
+    add("--max-batch-size", type=int, default=16, help="for our server (default: %(default)s)")
+    add("--threads", type=int, default=1, help="torch/OMP threads of each model process (default: %(default)s)")
+    add("--seed", type=int, default=0, help="prompt selection seed (default: %(default)s)")
+    add("--request-timeout", type=float, default=300.0, help="seconds per request (default: %(default)s)")
+    add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health (default: %(default)s)")
+    add("--time-limit", type=float, default=3600.0, help="seconds for the whole run (default: %(default)s)")
+    add("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
+    add("--out", type=Path, help="JSON report (default: benchmarks/results/<timestamp>.json, logs beside it)")
     args = p.parse_args(argv)
     targets = args.target or ["all"]
     args.target = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
     args.url = check_loopback(args.url) if args.url else None
+    args.model = args.model.resolve()  # spawned servers run from the repository root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out = args.out or REPO_ROOT / "benchmarks" / "results" / f"{stamp}.json"
     return args
