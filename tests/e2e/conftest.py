@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.e2e.server import ServerProcess, start_server
+from tests.model_factory import build_tiny_t5, cache_root
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +23,35 @@ def tiny_server(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProce
     server = start_server(tiny_llama_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir() -> Path:
+    return build_tiny_t5(cache_root() / "tiny-t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_server(tiny_t5_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    server = start_server(tiny_t5_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32")
+    yield server
+    server.stop()
+
+
+@dataclass
+class Served:
+    """A running server and the model directory behind it."""
+
+    server: ServerProcess
+    model_dir: Path
+    kind: str
+
+
+@pytest.fixture(params=["causal-lm", "seq2seq"])
+def served(request: pytest.FixtureRequest) -> Served:
+    """The same end-to-end test against each model kind (tiny random models)."""
+    if request.param == "seq2seq":
+        return Served(request.getfixturevalue("tiny_t5_server"), request.getfixturevalue("tiny_t5_dir"), "seq2seq")
+    return Served(request.getfixturevalue("tiny_server"), request.getfixturevalue("tiny_llama_dir"), "causal-lm")
 
 
 @pytest.fixture(scope="session")

@@ -1,39 +1,55 @@
-"""What the model itself generates for one request alone: the ground truth batching must match."""
+"""What the model itself generates for one request alone: the ground truth that batching must match."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=3)
 def load(model_dir: str):  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    seq2seq = AutoConfig.from_pretrained(model_dir).is_encoder_decoder
+    model_class = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    model = model_class.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     return model, tokenizer
 
 
-def greedy_text(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> tuple[str, int]:
-    """model.generate alone, greedy; returns (text without the EOS, completion token count)."""
+@dataclass
+class Reference:
+    text: str
+    completion_tokens: int
+    logprobs: list[float]  # of each generated token (EOS included), from the raw logits
+
+
+def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> Reference:
+    """model.generate on this request alone, greedy."""
     model, tokenizer = load(str(model_dir))
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id
+            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
         )
-    new = out[0, len(prompt_ids) :].tolist()
-    count = len(new)
+    start = 1 if model.config.is_encoder_decoder else len(prompt_ids)  # seq2seq outputs begin with the start token
+    new = out.sequences[0, start:].tolist()
+    logprobs = [
+        float(torch.log_softmax(step[0].float(), dim=-1)[token]) for step, token in zip(out.logits, new, strict=False)
+    ]
     eos = model.generation_config.eos_token_id
     eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
-    for i, token in enumerate(new):
-        if token in eos_ids:
-            new = new[:i]
-            count = i + 1
-            break
-    return tokenizer.decode(new, skip_special_tokens=True), count
+    count = next((i + 1 for i, token in enumerate(new) if token in eos_ids), len(new))
+    text_ids = new[: count - 1] if new[count - 1] in eos_ids else new[:count]
+    return Reference(tokenizer.decode(text_ids, skip_special_tokens=True), count, logprobs[:count])
+
+
+def greedy_text(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> tuple[str, int]:
+    ref = greedy(model_dir, prompt_ids, max_tokens)
+    return ref.text, ref.completion_tokens
 
 
 def chat_prompt_ids(model_dir: Path, messages: list[dict[str, str]]) -> list[int]:

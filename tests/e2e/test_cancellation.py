@@ -10,10 +10,9 @@ import httpx
 import pytest
 
 from tests.e2e import reference
+from tests.e2e.conftest import Served
 from tests.e2e.server import ServerProcess
 from tests.e2e.streaming import completion_text, read_chunks
-
-pytestmark = pytest.mark.slow
 
 LONG = {"max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
 
@@ -30,6 +29,29 @@ async def _wait_idle(server: ServerProcess, timeout_s: float) -> dict:
             await asyncio.sleep(0.1)
 
 
+def test_disconnect_aborts_mid_generation_for_each_kind(served: Served) -> None:
+    server = served.server
+    url = f"{server.base_url}/completions"
+    max_tokens = 400
+    body = {"model": "test-model", "prompt": "Count forever:", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", url, json=body) as response:
+                assert response.status_code == 200
+                first = await read_chunks(response, limit=2)
+            state = await _wait_idle(server, timeout_s=30)
+            assert state["rows_in_use"] == 0 and state["in_flight"] == 0, state
+            request_id = first[0]["id"]
+            line = next(line for line in server.log().splitlines() if f"{request_id}-0 aborted" in line)
+            produced = int(line.split(" after ")[1].split()[0])
+            assert produced < max_tokens  # freed mid-generation, not after finishing
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
 def test_disconnect_mid_stream_frees_the_row(smollm2_server: ServerProcess, smollm2_dir: Path) -> None:
     prompts = ["The history of Rome", "Tell me about the ocean.", "Why is the sky blue?"]
 
@@ -64,6 +86,7 @@ def test_disconnect_mid_stream_frees_the_row(smollm2_server: ServerProcess, smol
         assert text == expected
 
 
+@pytest.mark.slow
 def test_200_requests_half_disconnecting_leave_no_state_and_no_growth(smollm2_server: ServerProcess) -> None:
     url = f"{smollm2_server.base_url}/completions"
     topics = ["cats", "rivers", "old maps", "winter", "bread", "trains", "stars", "the moon"]

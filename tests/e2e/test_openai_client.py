@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests.e2e import reference
-from tests.e2e.conftest import sync_client
+from tests.e2e.conftest import Served, sync_client
 from tests.e2e.server import ServerProcess
 
 
@@ -20,8 +20,8 @@ def test_models_listing(tiny_server: ServerProcess) -> None:
         client.models.retrieve("nope")
 
 
-def test_chat_streaming_equals_non_streaming(tiny_server: ServerProcess) -> None:
-    client = sync_client(tiny_server)
+def test_chat_streaming_equals_non_streaming(served: Served) -> None:
+    client = sync_client(served.server)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
     full = client.chat.completions.create(model="test-model", messages=messages, max_tokens=20, temperature=0)
     stream = client.chat.completions.create(
@@ -38,8 +38,8 @@ def test_chat_streaming_equals_non_streaming(tiny_server: ServerProcess) -> None
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
 
 
-def test_completions_streaming_equals_non_streaming(tiny_server: ServerProcess) -> None:
-    client = sync_client(tiny_server)
+def test_completions_streaming_equals_non_streaming(served: Served) -> None:
+    client = sync_client(served.server)
     kwargs = dict(model="test-model", prompt="The weather today is", max_tokens=16, temperature=0)
     full = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True))
@@ -67,8 +67,8 @@ def test_stop_strings_cut_the_output(tiny_server: ServerProcess, tiny_llama_dir:
         assert reason == "stop"
 
 
-def test_logprobs_and_n(tiny_server: ServerProcess) -> None:
-    client = sync_client(tiny_server)
+def test_logprobs_and_n(served: Served) -> None:
+    client = sync_client(served.server)
     chat = client.chat.completions.create(
         model="test-model", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
         logprobs=True, top_logprobs=3, n=2, temperature=0.8, seed=7,
@@ -116,3 +116,14 @@ def test_smollm2_answers_sensibly(smollm2_server: ServerProcess) -> None:
     completion = client.completions.create(model="test-model", prompt="The capital of France is", max_tokens=5,
                                            temperature=0)
     assert "Paris" in completion.choices[0].text
+
+
+def test_seq2seq_rejects_echo_and_serves_chat(tiny_t5_server: ServerProcess) -> None:
+    client = sync_client(tiny_t5_server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="test-model", prompt="Q: hi", echo=True, max_tokens=4)
+    assert bad.value.body["param"] == "echo"
+    chat = client.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": "Q: what is 2+2?"}], max_tokens=8, temperature=0
+    )
+    assert chat.usage.completion_tokens >= 1 and chat.choices[0].finish_reason in {"stop", "length"}

@@ -34,8 +34,9 @@ class EngineCore:
         self._sampler = Sampler()
 
     def add(self, request: EngineRequest) -> None:
-        max_total = self.runner.max_model_len - len(request.prompt_token_ids)
-        self.scheduler.add(Sequence(request, self._tokenizer, self._stop_token_ids, max_total))
+        limit = self.runner.output_limit(len(request.prompt_token_ids))
+        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self.runner.prompt_in_decoder)
+        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.scheduler.remove(request_id)

@@ -21,6 +21,7 @@ class Sequence:
         tokenizer: Decoder,
         stop_token_ids: frozenset[int],
         max_total_len: int,
+        prompt_in_decoder: bool = True,
     ) -> None:
         self.request = request
         self.slot: int | None = None
@@ -29,17 +30,19 @@ class Sequence:
         params = request.params
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else int(torch.seed()))
+        # An encoder's input is not part of the generated text: no penalties on it, no detokenizer context.
+        decoder_prompt = request.prompt_token_ids if prompt_in_decoder else []
         self.sampler_row = SamplerRow(
             params=params,
             generator=generator,
-            prompt_ids=request.prompt_token_ids,
+            prompt_ids=decoder_prompt,
             output_ids=self.output_ids,
             stop_token_ids=stop_token_ids,
         )
         self._eos = frozenset() if params.ignore_eos else stop_token_ids
         self._max_tokens = min(params.max_tokens, max_total_len)
         self._detokenizer = IncrementalDetokenizer(
-            tokenizer, params.skip_special_tokens, context=request.prompt_token_ids
+            tokenizer, params.skip_special_tokens, context=decoder_prompt
         )
         self._stop = StopMatcher(params.stop)
         self.arrival = time.monotonic()

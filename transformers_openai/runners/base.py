@@ -17,6 +17,12 @@ class ModelRunner(Protocol):
 
     max_rows: int
     max_model_len: int
+    # Whether the prompt is the start of the generated sequence (decoder-only) or a separate input (encoder).
+    prompt_in_decoder: bool
+
+    def output_limit(self, prompt_len: int) -> int:
+        """Most tokens a request with this prompt length may generate."""
+        ...
 
     def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
         """Processes a new request's input into a fresh row.

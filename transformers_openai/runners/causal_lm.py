@@ -15,6 +15,8 @@ from transformers_openai.runners.slots import SlotTable
 class CausalLMRunner:
     """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
 
+    prompt_in_decoder = True
+
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int) -> None:
         self.model = model
         self.max_rows = max_rows
@@ -23,6 +25,9 @@ class CausalLMRunner:
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self._cache = BatchKVCache(layers, max_rows, max_model_len)
         self._slots = SlotTable(max_rows)
+
+    def output_limit(self, prompt_len: int) -> int:
+        return self.max_model_len - prompt_len
 
     @torch.inference_mode()
     def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:

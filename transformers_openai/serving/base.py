@@ -115,11 +115,20 @@ class GenerationHandler(Generic[RequestT]):
         room = limit - prompt_len
         if prompt_len == 0:
             raise BadRequestError("the prompt is empty", param="prompt")
+        if self.ctx.max_input_len is not None:  # encoder-decoder: input and output have separate limits
+            if prompt_len > self.ctx.max_input_len:
+                raise BadRequestError(
+                    f"the input is {prompt_len} tokens long but the model's encoder takes at most "
+                    f"{self.ctx.max_input_len}; shorten it",
+                    param=_prompt_param(request),
+                    code="context_length_exceeded",
+                )
+            room = limit
         if room < 1:
             raise BadRequestError(
                 f"the prompt is {prompt_len} tokens long but the model's context is {limit} tokens; "
                 "shorten the prompt",
-                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+                param=_prompt_param(request),
                 code="context_length_exceeded",
             )
         requested = request.requested_max_tokens()
@@ -128,8 +137,8 @@ class GenerationHandler(Generic[RequestT]):
             return min(default, room)
         if requested > room:
             raise BadRequestError(
-                f"this model's context is {limit} tokens; the prompt takes {prompt_len}, so at most {room} "
-                f"can be generated, but {requested} were asked for; lower max_tokens or shorten the prompt",
+                f"this model's context is {limit} tokens and at most {room} can be generated for this prompt "
+                f"({prompt_len} tokens), but {requested} were asked for; lower max_tokens or shorten the prompt",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
@@ -255,6 +264,10 @@ class GenerationHandler(Generic[RequestT]):
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
         )
+
+
+def _prompt_param(request: ChatCompletionRequest | CompletionRequest) -> str:
+    return "messages" if isinstance(request, ChatCompletionRequest) else "prompt"
 
 
 def _check_output(output: RequestOutput) -> None:

@@ -19,21 +19,22 @@ from transformers_openai.protocol import (
     Usage,
 )
 from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
-from transformers_openai.serving.errors import BadRequestError
 
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl-"
 
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
-        if self.ctx.model_kind != "causal-lm":
-            raise BadRequestError("chat is not available for this model kind yet", param="messages")
         messages = [
             # OpenAI's "developer" role is the newer name of "system"; templates know the latter.
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
         ]
-        return [Prompt(await self.ctx.tokenizer.encode_chat(messages))]
+        tokenizer = self.ctx.tokenizer
+        if self.ctx.encoder_decoder and not tokenizer.has_chat_template:
+            # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
+            return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
+        return [Prompt(await tokenizer.encode_chat(messages))]
 
     def response(
         self, request_id: str, request: ChatCompletionRequest, choices: list[Choice], usage: Usage

@@ -13,6 +13,7 @@ from transformers_openai.protocol import (
     Usage,
 )
 from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
+from transformers_openai.serving.errors import BadRequestError
 
 
 class CompletionHandler(GenerationHandler[CompletionRequest]):
@@ -20,6 +21,11 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
     default_max_tokens_when_unset = 16  # OpenAI's documented default for this endpoint
 
     async def prompts(self, request: CompletionRequest) -> list[Prompt]:
+        if request.echo and self.ctx.encoder_decoder:
+            raise BadRequestError(
+                "'echo' is not supported for encoder-decoder models: the prompt is not part of their output",
+                param="echo",
+            )
         prompts = []
         for prompt in request.prompts():
             if isinstance(prompt, str):

@@ -35,5 +35,11 @@ class ServingContext:
     model_aliases: frozenset[str]
     max_model_len: int
     model_kind: str
+    # Encoder-decoder models: the encoder's input limit, apart from the `max_model_len` tokens generated.
+    max_input_len: int | None = None
     response_role: str = "assistant"
     default_max_tokens: int | None = None
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.max_input_len is not None

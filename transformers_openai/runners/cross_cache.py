@@ -1,0 +1,123 @@
+"""Per-row cross-attention K/V of encoder-decoder models, padded to the batch's longest encoder input."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _CrossLayer(CacheLayerMixin):
+    """Exposes the batch's cross K/V as `keys`/`values`, which is where T5-style attention reads them."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: CrossKVCache, index: int) -> None:
+        super().__init__()
+        self._owner = owner
+        self._index = index
+        self.is_initialized = True
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor:
+        return self._owner.view(self._owner.k, self._index)
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        pass  # the base class assigns None at construction; the buffers live in the owner
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor:
+        return self._owner.view(self._owner.v, self._index)
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        pass
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("cross-attention K/V are written at admission, never during a batched step")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._owner.width, 0
+
+    def get_seq_length(self) -> int:
+        return self._owner.width
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class CrossKVCache(Cache):
+    """Buffers `[max_rows, heads, capacity, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
+
+    Row positions follow the self-attention cache's: a row is appended at the end and the last row
+    moves into the hole of a row that leaves.
+    """
+
+    def __init__(self, num_layers: int, max_rows: int) -> None:
+        self._layers_n = num_layers
+        self.max_rows = max_rows
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.lens: list[int] = []
+        super().__init__(layers=[_CrossLayer(self, i) for i in range(num_layers)])
+
+    @property
+    def rows(self) -> int:
+        return len(self.lens)
+
+    @property
+    def width(self) -> int:
+        """Columns the batch attends over: the longest encoder input among the rows."""
+        return max(self.lens, default=0)
+
+    def view(self, buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
+        return buffers[layer][: self.rows, :, : self.width]
+
+    def encoder_mask(self) -> torch.Tensor:
+        device = self.k[0].device
+        columns = torch.arange(self.width, device=device).unsqueeze(0)
+        return (columns < torch.tensor(self.lens, device=device).unsqueeze(1)).long()
+
+    def insert(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        length = layers[0][0].shape[-2]
+        if not self.k:
+            self._allocate(layers[0][0], capacity=max(length, 16))
+        self._reserve(length)
+        pos = self.rows
+        for layer, (key, value) in enumerate(layers):
+            for buffers, data in ((self.k, key), (self.v, value)):
+                buffers[layer][pos].zero_()
+                buffers[layer][pos, :, :length] = data[0]
+        self.lens.append(length)
+        return pos
+
+    def remove(self, pos: int) -> None:
+        last = self.rows - 1
+        if pos != last:
+            for buffers in (self.k, self.v):
+                for buf in buffers:
+                    buf[pos] = buf[last]
+            self.lens[pos] = self.lens[last]
+        self.lens.pop()
+        if not self.lens:
+            self.k, self.v = [], []
+
+    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
+        shape = (self.max_rows, like.shape[1], capacity, like.shape[3])
+        self.k = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+        self.v = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self.k[0].shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, capacity * 2)
+        for buffers in (self.k, self.v):
+            for layer, old in enumerate(buffers):
+                grown = old.new_zeros((old.shape[0], old.shape[1], new_capacity, old.shape[3]))
+                grown[:, :, :capacity] = old
+                buffers[layer] = grown

@@ -1,0 +1,100 @@
+"""Runner for encoder-decoder text models such as T5 (AutoModelForSeq2SeqLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+
+from transformers_openai.runners.cross_cache import CrossKVCache
+from transformers_openai.runners.kv_cache import BatchKVCache
+from transformers_openai.runners.slots import SlotTable
+
+
+class Seq2SeqRunner:
+    """Encodes each request once at admission; decodes all rows together.
+
+    A row holds the request's decoder self-attention K/V (right-aligned, as for decoder-only models)
+    and its cross-attention K/V (left-aligned, masked by the encoder attention mask). Both are freed
+    when the row is released.
+    """
+
+    prompt_in_decoder = False
+
+    def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, max_input_len: int) -> None:
+        self.model = model
+        self.max_rows = max_rows
+        self.max_model_len = max_model_len
+        self.max_input_len = max_input_len
+        self.device = model.device
+        decoder_config = model.config.get_text_config(decoder=True)
+        layers = getattr(decoder_config, "num_decoder_layers", None) or decoder_config.num_hidden_layers
+        self._start_token = _decoder_start_token(model)
+        self._hidden_size = model.config.d_model if hasattr(model.config, "d_model") else model.config.hidden_size
+        self._self_cache = BatchKVCache(layers, max_rows, max_model_len)
+        self._cross_cache = CrossKVCache(layers, max_rows)
+        self._slots = SlotTable(max_rows)
+
+    def output_limit(self, prompt_len: int) -> int:
+        return self.max_model_len
+
+    @torch.inference_mode()
+    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+        input_ids = torch.tensor([prompt_token_ids], device=self.device)
+        encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
+        own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        out = self.model(
+            encoder_outputs=encoder_outputs,
+            decoder_input_ids=torch.tensor([[self._start_token]], device=self.device),
+            past_key_values=own_cache,
+            use_cache=True,
+        )
+        self_layers = [(layer.keys, layer.values) for layer in own_cache.self_attention_cache.layers]
+        cross_layers = [(layer.keys, layer.values) for layer in own_cache.cross_attention_cache.layers]
+        pos = self._self_cache.insert(self_layers)
+        if self._cross_cache.insert(cross_layers) != pos:
+            raise RuntimeError("self- and cross-attention rows out of step")
+        return self._slots.add(pos), out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
+        order = self._slots.order()
+        self_cache, cross_cache = self._self_cache, self._cross_cache
+        self_cache.ensure_room(1)
+        rows = len(order)
+        cache = EncoderDecoderCache(self_cache, cross_cache)
+        cache.is_updated = dict.fromkeys(range(len(cross_cache.layers)), True)  # cross K/V are cached already
+        # The decoder reads only the shape of the encoder states (for its mask): the K/V come from the cache.
+        shape_only = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
+            rows, cross_cache.width, self._hidden_size
+        )
+        out = self.model(
+            encoder_outputs=(shape_only,),
+            attention_mask=cross_cache.encoder_mask(),
+            decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
+            decoder_attention_mask=self_cache.attention_mask(extra=1),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        self_cache.advance(1)
+        return order, out.logits[:, -1].float()
+
+    @torch.inference_mode()
+    def release(self, slot: int) -> None:
+        pos = self._slots.pos(slot)
+        moved = self._self_cache.remove(pos)
+        self._cross_cache.remove(pos)
+        self._slots.remove(slot, moved)
+
+    def rows_in_use(self) -> int:
+        return len(self._slots)
+
+
+def _decoder_start_token(model: PreTrainedModel) -> int:
+    for source in (model.generation_config, model.config):
+        token = getattr(source, "decoder_start_token_id", None)
+        if token is not None:
+            return int(token)
+    raise ValueError("the model's config names no decoder_start_token_id")
