@@ -1,0 +1,125 @@
+"""EngineCore + CausalLMRunner on the tiny Llama: greedy outputs under continuous batching equal `generate()` alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.request import EngineRequest, FinishReason
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.causal_lm import CausalLMRunner
+
+torch.set_num_threads(1)
+
+NEW_TOKENS = 12
+TEXT = (
+    "Continuous batching lets a server step many requests together, admitting new ones as old ones finish. "
+    "Every row keeps its own cache, its own position ids and its own attention mask, so the answer for one "
+    "request must not depend on who else shares the batch. This paragraph only provides enough tokens."
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def core(model, tokenizer) -> EngineCore:
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    return EngineCore(runner, tokenizer, Scheduler(max_running=4, max_waiting=16), frozenset({tokenizer.eos_token_id}))
+
+
+@pytest.fixture(scope="module")
+def requests(tokenizer) -> list[EngineRequest]:
+    ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    lengths = [1, 60, 7, 33, 13, 46, 20, 53, 26, 40]
+    assert len(ids) >= max(lengths)
+    params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
+    return [EngineRequest(f"r{n}", ids[:n], params) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def reference(model, requests) -> dict[str, list[int]]:
+    out = {}
+    for req in requests:
+        prompt = torch.tensor([req.prompt_token_ids])
+        generated = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+        )
+        out[req.request_id] = generated[0, prompt.shape[1] :].tolist()
+    return out
+
+
+def drive(core: EngineCore, requests: list[EngineRequest], every: int, on_step=None) -> dict[str, list[int]]:
+    """Adds one request every `every` steps and steps until all are done; returns each request's tokens."""
+    tokens: dict[str, list[int]] = {req.request_id: [] for req in requests}
+    pending, step = list(requests), 0
+    while pending or core.has_work():
+        if pending and step % every == 0:
+            core.add(pending.pop(0))
+        for output in core.step():
+            tokens[output.request_id].extend(output.token_ids)
+            if output.finished:
+                assert output.finish_reason == FinishReason.LENGTH
+        if on_step:
+            on_step(step, tokens)
+        step += 1
+    return tokens
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_staggered_batch_matches_generate(core, requests, reference, every: int) -> None:
+    tokens = drive(core, requests, every)
+    assert tokens == reference
+    assert core.runner.rows_in_use() == 0
+    assert not core.has_work()
+
+
+def test_abort_frees_row_and_others_still_match(core, requests, reference) -> None:
+    victim = requests[1].request_id
+    aborted = []
+
+    def abort_midway(step: int, tokens: dict[str, list[int]]) -> None:
+        if step == 5:
+            assert victim in core.scheduler.running and 0 < len(tokens[victim]) < NEW_TOKENS
+            rows = core.runner.rows_in_use()
+            output = core.abort(victim)
+            assert output is not None and output.finish_reason == FinishReason.ABORT
+            assert core.runner.rows_in_use() == rows - 1
+            assert core.abort(victim) is None
+            aborted.append(victim)
+
+    tokens = drive(core, requests, every=1, on_step=abort_midway)
+    assert aborted == [victim]
+    assert tokens[victim] == reference[victim][: len(tokens[victim])]
+    assert {k: v for k, v in tokens.items() if k != victim} == {k: v for k, v in reference.items() if k != victim}
+    assert core.runner.rows_in_use() == 0
+
+
+def test_abort_of_waiting_request_uses_no_row(core, requests) -> None:
+    for req in requests[:6]:
+        core.add(req)
+    core.step()
+    assert core.runner.rows_in_use() == 4
+    waiting = next(iter(core.scheduler.waiting))
+    output = core.abort(waiting)
+    assert output is not None and output.finish_reason == FinishReason.ABORT and output.completion_tokens == 0
+    assert core.runner.rows_in_use() == 4
+    for req in requests[:6]:
+        core.abort(req.request_id)
+    assert core.runner.rows_in_use() == 0 and not core.has_work()

@@ -1,0 +1,170 @@
+"""Sampler: greedy, seeded batch-independence, truncation, temperature, biases, min_tokens, penalties, logprobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformers_openai.engine.sampler import Sampler, SamplerRow
+from transformers_openai.engine.sampling_params import SamplingParams
+
+torch.set_num_threads(1)
+
+VOCAB = 32
+
+
+def row(
+    seed: int = 0,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    stop: frozenset[int] = frozenset(),
+    **params: object,
+) -> SamplerRow:
+    generator = torch.Generator().manual_seed(seed)
+    return SamplerRow(SamplingParams(**params), generator, prompt or [], output or [], stop)  # type: ignore[arg-type]
+
+
+def logits_for(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_rows_return_argmax() -> None:
+    logits = logits_for(5)
+    result = Sampler()(logits, [row(temperature=0.0) for _ in range(5)])
+    assert result.token_ids == logits.argmax(dim=-1).tolist()
+    assert result.logprobs == [None] * 5
+
+
+def seeded_tokens(companions: list[SamplerRow], index: int, steps: int = 25) -> list[int]:
+    """The tokens drawn by a seeded row placed at `index` among `companions`, over several steps."""
+    target = row(seed=1234, temperature=0.9, top_p=0.95)
+    rows = companions[:index] + [target] + companions[index:]
+    tokens = []
+    for step in range(steps):
+        logits = logits_for(len(rows), seed=step)
+        logits[index] = logits_for(1, seed=1000 + step)[0]  # the target always sees the same logits
+        tokens.append(Sampler()(logits, rows).token_ids[index])
+    return tokens
+
+
+def test_seeded_row_is_independent_of_batch() -> None:
+    alone = seeded_tokens([], 0)
+    assert len(set(alone)) > 1  # it really samples
+    assert seeded_tokens([row(seed=7, temperature=1.5), row(temperature=0.0)], 2) == alone
+    assert seeded_tokens([row(seed=8, top_k=3), row(seed=9, temperature=0.3, min_p=0.2)], 0) == alone
+    assert seeded_tokens([row(temperature=0.0), row(seed=5, top_p=0.5), row(seed=6)], 1) == alone
+
+
+@pytest.mark.parametrize("params", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 0.999}])
+def test_truncation_to_one_token_equals_argmax(params: dict[str, float]) -> None:
+    logits = logits_for(8, seed=3)
+    rows = [row(seed=s, temperature=2.0, **params) for s in range(8)]
+    for _ in range(5):
+        assert Sampler()(logits, rows).token_ids == logits.argmax(dim=-1).tolist()
+
+
+def frequencies(logits: torch.Tensor, draws: int, **params: object) -> torch.Tensor:
+    """Empirical token frequencies of many rows sharing one seeded generator."""
+    generator = torch.Generator().manual_seed(42)
+    rows = [SamplerRow(SamplingParams(**params), generator, [], [], frozenset()) for _ in range(draws)]  # type: ignore[arg-type]
+    tokens = Sampler()(logits.expand(draws, -1), rows).token_ids
+    return torch.bincount(torch.tensor(tokens), minlength=logits.shape[-1]).float() / draws
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_temperature_sampling_follows_softmax(temperature: float) -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    freq = frequencies(logits, 4000, temperature=temperature)
+    expected = torch.softmax(logits / temperature, dim=-1)
+    assert torch.allclose(freq, expected, atol=0.03), (freq, expected)
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0])
+    freq = frequencies(logits, 2000, top_k=2)
+    assert freq[2:].sum() == 0 and freq[0] > 0 and freq[1] > 0
+    probs = torch.softmax(logits, dim=-1)  # a top_p just above the first token's mass keeps exactly two
+    freq = frequencies(logits, 2000, top_p=float(probs[0] + 0.01))
+    assert freq[2:].sum() == 0 and freq[1] > 0
+
+
+def test_min_p_is_relative_to_the_top_token() -> None:
+    logits = torch.tensor([2.0, 1.8, 0.0, -0.5, -1.0])  # p1/p0 ~ 0.82, p2/p0 ~ 0.14
+    freq = frequencies(logits, 2000, min_p=0.5)
+    assert freq[0] > 0 and freq[1] > 0
+    assert freq[2:].sum() == 0
+
+
+def test_logit_bias_forces_and_forbids() -> None:
+    logits = logits_for(2, seed=4)
+    top = logits.argmax(dim=-1).tolist()
+    forced = (top[0] + 1) % VOCAB
+    rows = [row(seed=1, logit_bias={forced: 100.0}), row(temperature=0.0, logit_bias={top[1]: -100.0})]
+    for _ in range(5):
+        tokens = Sampler()(logits, rows).token_ids
+        assert tokens[0] == forced
+        assert tokens[1] != top[1]
+        assert tokens[1] == logits[1].topk(2).indices[1].item()
+
+
+def test_min_tokens_suppresses_stop_tokens() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 2] = 10.0  # the stop token is the favourite
+    logits[0, 5] = 5.0
+    stop = frozenset({2})
+    assert Sampler()(logits, [row(temperature=0.0, min_tokens=3, output=[7, 7], stop=stop)]).token_ids == [5]
+    assert Sampler()(logits, [row(temperature=0.0, min_tokens=3, output=[7, 7, 7], stop=stop)]).token_ids == [2]
+    assert Sampler()(logits, [row(seed=3, min_tokens=1, stop=stop)]).token_ids != [2]
+
+
+def two_way(first: float, second: float) -> torch.Tensor:
+    """Logits where token 0 narrowly beats token 1 and every other token is far behind."""
+    logits = torch.full((1, VOCAB), -20.0)
+    logits[0, 0], logits[0, 1] = first, second
+    return logits
+
+
+@pytest.mark.parametrize(("first", "second"), [(2.0, 1.9), (-1.0, -1.1)])
+def test_repetition_penalty_flips_greedy_choice(first: float, second: float) -> None:
+    logits = two_way(first, second)
+    assert Sampler()(logits, [row(temperature=0.0, prompt=[0])]).token_ids == [0]
+    assert Sampler()(logits, [row(temperature=0.0, prompt=[0], repetition_penalty=1.2)]).token_ids == [1]
+    assert Sampler()(logits, [row(temperature=0.0, output=[0], repetition_penalty=1.2)]).token_ids == [1]
+
+
+def test_presence_penalty_flips_greedy_choice() -> None:
+    logits = two_way(2.0, 1.9)
+    assert Sampler()(logits, [row(temperature=0.0, output=[0], presence_penalty=0.5)]).token_ids == [1]
+    assert Sampler()(logits, [row(temperature=0.0, output=[3], presence_penalty=0.5)]).token_ids == [0]
+    logits = two_way(2.0, 1.8)  # presence counts a token once, however often it appeared
+    assert Sampler()(logits, [row(temperature=0.0, output=[0, 0, 0], presence_penalty=0.1)]).token_ids == [0]
+
+
+def test_frequency_penalty_grows_with_count() -> None:
+    logits = two_way(2.0, 1.8)
+    assert Sampler()(logits, [row(temperature=0.0, output=[0], frequency_penalty=0.1)]).token_ids == [0]
+    assert Sampler()(logits, [row(temperature=0.0, output=[0, 0, 0], frequency_penalty=0.1)]).token_ids == [1]
+
+
+def test_logprobs_are_raw_and_top_n_sorted() -> None:
+    logits = logits_for(3, seed=5)
+    forced = 11
+    rows = [
+        row(temperature=0.0, logprobs=4),
+        row(seed=2, logprobs=0, logit_bias={forced: 100.0}),
+        row(temperature=0.0),
+    ]
+    result = Sampler()(logits, rows)
+    raw = torch.log_softmax(logits, dim=-1)
+    chosen, top = result.logprobs[0]  # type: ignore[misc]
+    assert chosen == pytest.approx(raw[0, result.token_ids[0]].item(), abs=1e-5)
+    assert len(top) == 4
+    values = [lp for _, lp in top]
+    assert values == sorted(values, reverse=True)
+    assert [t for t, _ in top] == raw[0].topk(4).indices.tolist()
+    assert top[0][0] == result.token_ids[0]
+    assert result.token_ids[1] == forced
+    chosen, top = result.logprobs[1]  # type: ignore[misc]
+    assert chosen == pytest.approx(raw[1, forced].item(), abs=1e-5)  # before the bias
+    assert top == []
+    assert result.logprobs[2] is None

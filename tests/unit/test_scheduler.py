@@ -1,0 +1,93 @@
+"""Scheduler: FIFO admission within the running limit and the prefill-token budget; removal; capacity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from transformers_openai.engine.request import EngineRequest
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.sequence import Sequence
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+@pytest.fixture
+def make(tokenizer):
+    def build(request_id: str, prompt_len: int = 4) -> Sequence:
+        request = EngineRequest(request_id, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=4))
+        return Sequence(request, tokenizer, frozenset({tokenizer.eos_token_id}), max_total_len=64)
+
+    return build
+
+
+def admit(scheduler: Scheduler) -> list[str]:
+    """Admits what the scheduler allows and starts it, as the engine core does."""
+    admitted = scheduler.admissible()
+    for seq in admitted:
+        scheduler.start(seq)
+    return [seq.request_id for seq in admitted]
+
+
+def test_fifo_admission_within_max_running(make) -> None:
+    scheduler = Scheduler(max_running=2, max_waiting=8)
+    for name in "abcde":
+        scheduler.add(make(name))
+    assert admit(scheduler) == ["a", "b"]
+    assert admit(scheduler) == []
+    assert list(scheduler.running) == ["a", "b"]
+    assert list(scheduler.waiting) == ["c", "d", "e"]
+    scheduler.remove("a")
+    assert admit(scheduler) == ["c"]
+    scheduler.remove("b")
+    scheduler.remove("c")
+    assert admit(scheduler) == ["d", "e"]
+
+
+def test_prefill_budget_limits_one_step(make) -> None:
+    scheduler = Scheduler(max_running=8, max_waiting=8, max_prefill_tokens=10)
+    for name, n in [("a", 6), ("b", 6), ("c", 3), ("d", 1)]:
+        scheduler.add(make(name, n))
+    assert admit(scheduler) == ["a"]  # b would overflow; c may not jump ahead of b
+    assert admit(scheduler) == ["b", "c", "d"]
+
+
+def test_oversized_prompt_is_still_admitted_alone(make) -> None:
+    scheduler = Scheduler(max_running=4, max_waiting=4, max_prefill_tokens=10)
+    scheduler.add(make("big", 50))
+    scheduler.add(make("small", 1))
+    assert admit(scheduler) == ["big"]
+    assert admit(scheduler) == ["small"]
+
+
+def test_remove_from_waiting_and_running(make) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=4)
+    a, b, c = make("a"), make("b"), make("c")
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    assert admit(scheduler) == ["a"]
+    assert scheduler.remove("b") is b
+    assert scheduler.remove("b") is None
+    assert scheduler.remove("a") is a
+    assert scheduler.remove("unknown") is None
+    assert admit(scheduler) == ["c"]
+    assert scheduler.remove("c") is c
+    assert not scheduler.has_work()
+
+
+def test_has_work_and_capacity(make) -> None:
+    scheduler = Scheduler(max_running=3, max_waiting=5)
+    assert scheduler.capacity == 8
+    assert not scheduler.has_work()
+    scheduler.add(make("a"))
+    assert scheduler.has_work()
+    admit(scheduler)
+    assert scheduler.has_work()
+    scheduler.remove("a")
+    assert not scheduler.has_work()
