@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -84,7 +85,7 @@ def encoder_input_length(config: PretrainedConfig, tokenizer: Any) -> int:
     return int(getattr(config, "n_positions", None) or _DEFAULT_CONTEXT)
 
 
-def load_serving_context(settings: Settings) -> ServingContext:
+def load_serving_context(settings: Settings, observer: EngineObserver | None = None) -> ServingContext:
     """Everything a served model needs, built from the settings (runs in a worker thread)."""
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -96,10 +97,13 @@ def load_serving_context(settings: Settings) -> ServingContext:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
+    placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
     model = _MODEL_CLASSES[kind].from_pretrained(
-        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source
+        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
     )
-    model.to(device).eval()
+    if not settings.device_map:  # with a device map, accelerate has placed the layers already
+        model.to(device)
+    model.eval()
     max_len = context_length(config, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if kind == "seq2seq" else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
@@ -110,7 +114,7 @@ def load_serving_context(settings: Settings) -> ServingContext:
         runner = CausalLMRunner(model, settings.max_batch_size, max_len)
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
-    core = EngineCore(runner, copy.deepcopy(tokenizer), scheduler, stop_token_ids(model, tokenizer))
+    core = EngineCore(runner, copy.deepcopy(tokenizer), scheduler, stop_token_ids(model, tokenizer), observer)
     template = settings.chat_template.read_text() if settings.chat_template else None
     return ServingContext(
         engine=AsyncEngine(core),

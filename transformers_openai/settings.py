@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper"]
+# Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
+CommaList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -40,6 +42,9 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="Where the model runs; auto prefers CUDA.")
     attn_implementation: str = Field("sdpa", description="Attention kernel: sdpa, eager, flash_attention_2, ...")
+    device_map: str | None = Field(
+        None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
+    )
     max_batch_size: int = Field(16, ge=1, le=1024, description="Most requests (rows) stepped together.")
     max_queue: int = Field(64, ge=0, description="Most requests waiting beyond the running batch; more get 429.")
     max_model_len: int | None = Field(
@@ -56,7 +61,30 @@ class Settings(BaseSettings):
         10 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's).")
+    api_keys: CommaList = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("api_key", "api_keys"),
+        description="Accepted API keys (Authorization: Bearer KEY); repeat the flag or comma-separate. None: open.",
+    )
+    auth_health_and_metrics: bool = Field(False, description="Also require the API key for /health and /metrics.")
+    allowed_origins: CommaList = Field(default_factory=list, description="CORS origins allowed ('*' for any).")
+    allowed_methods: CommaList = Field(default_factory=lambda: ["*"], description="CORS methods allowed.")
+    allowed_headers: CommaList = Field(default_factory=lambda: ["*"], description="CORS headers allowed.")
+    allow_credentials: bool = Field(False, description="CORS: allow credentials.")
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="On SIGTERM, seconds running requests may take to finish before the server exits."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
+    log_format: Literal["text", "json"] = Field("text", description="Log lines as plain text or one JSON object each.")
+
+    @field_validator("api_keys", "allowed_origins", "allowed_methods", "allowed_headers", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
 
     @property
     def model_name(self) -> str:

@@ -38,12 +38,13 @@ def test_disconnect_aborts_mid_generation_for_each_kind(served: Served) -> None:
 
     async def run() -> None:
         async with httpx.AsyncClient(timeout=60) as client:
-            async with client.stream("POST", url, json=body) as response:
+            async with client.stream("POST", url, json=body, headers={"X-Request-Id": "victim-1"}) as response:
                 assert response.status_code == 200
-                first = await read_chunks(response, limit=2)
+                assert response.headers["x-request-id"] == "victim-1"
+                await read_chunks(response, limit=2)
             state = await _wait_idle(server, timeout_s=30)
             assert state["rows_in_use"] == 0 and state["in_flight"] == 0, state
-            request_id = first[0]["id"]
+            request_id = "victim-1"
             line = next(line for line in server.log().splitlines() if f"{request_id}-0 aborted" in line)
             produced = int(line.split(" after ")[1].split()[0])
             assert produced < max_tokens  # freed mid-generation, not after finishing

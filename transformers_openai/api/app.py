@@ -1,4 +1,4 @@
-"""The app factory: routes, error mapping, body limit and a lifespan that loads the model and runs the engine."""
+"""The app factory: routes, error mapping, middleware and a lifespan that loads the model and runs the engine."""
 
 from __future__ import annotations
 
@@ -6,17 +6,30 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from transformers_openai import __version__
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.errors import install_error_handlers
-from transformers_openai.api.routes import build_health_router, build_router
+from transformers_openai.api.middleware import ApiKeyAuth, RequestIdMiddleware
+from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.state import AppState, Loader
+from transformers_openai.metrics import Metrics
 from transformers_openai.settings import Settings
 
+OPS_PATHS = frozenset({"/health", "/metrics"})
 
-def create_app(settings: Settings, loader: Loader, on_load_failure: Callable[[], None] | None = None) -> FastAPI:
-    """Builds the app. `loader` builds the serving context (model, tokenizer, engine) in a worker thread."""
+
+def create_app(
+    settings: Settings,
+    loader: Loader,
+    on_load_failure: Callable[[], None] | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """Builds the app. `loader` builds the serving context (model, tokenizer, engine) in a worker thread.
+
+    `metrics` should be the observer the loader gave the engine, so /metrics shows the engine's work.
+    """
     state = AppState(loader)
 
     @asynccontextmanager
@@ -30,10 +43,25 @@ def create_app(settings: Settings, loader: Loader, on_load_failure: Callable[[],
     app = FastAPI(title="transformers-openai-api", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.state.settings = settings
+    app.state.metrics = metrics or Metrics(settings.model_name)
     install_error_handlers(app)
     router = build_router()
     app.include_router(router, prefix="/v1")
     app.include_router(router)
-    app.include_router(build_health_router())
+    app.include_router(build_ops_router())
+    # Added innermost first: CORS answers preflights before auth; the request id wraps everything else.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    if settings.api_keys:
+        open_paths = frozenset() if settings.auth_health_and_metrics else OPS_PATHS
+        app.add_middleware(ApiKeyAuth, keys=settings.api_keys, open_paths=open_paths.__contains__)
+    app.add_middleware(RequestIdMiddleware)
+    if settings.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=settings.allowed_methods,
+            allow_headers=settings.allowed_headers,
+            allow_credentials=settings.allow_credentials,
+            expose_headers=["x-request-id"],
+        )
     return app

@@ -63,8 +63,11 @@ _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_openai_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(to_openai_error(exc))
+    async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
+        error = to_openai_error(exc)
+        if error.status_code == 429:
+            request.app.state.metrics.on_rejected()
+        return error_response(error)
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from transformers_openai.api.sse import sse_response
@@ -31,7 +32,9 @@ def _disconnect_waiter(request: Request):  # type: ignore[no-untyped-def]
 
 async def _generate(handler: GenerationHandler, body: BaseModel, request: Request) -> Response:  # type: ignore[type-arg]
     try:
-        result = await handler.create(body, _disconnect_waiter(request))  # type: ignore[arg-type]
+        result = await handler.create(
+            body, _disconnect_waiter(request), request.scope.get("state", {}).get("request_id")  # type: ignore[arg-type]
+        )
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):
@@ -64,8 +67,13 @@ def build_router() -> APIRouter:
     return router
 
 
-def build_health_router() -> APIRouter:
+def build_ops_router() -> APIRouter:
+    """/health and /metrics: outside /v1, for load balancers and Prometheus."""
     router = APIRouter()
+
+    @router.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/health")
     async def health(request: Request) -> JSONResponse:

@@ -33,6 +33,7 @@ class AppState:
         self._handlers: Handlers | None = None
         self._task: asyncio.Task[None] | None = None
         self.load_error: BaseException | None = None
+        self.draining = False
 
     async def start(self, on_failure: Callable[[], None] | None = None) -> None:
         self._task = asyncio.create_task(self._load(on_failure))
@@ -48,9 +49,24 @@ class AppState:
             await self._task
 
     def ready(self) -> bool:
-        return self._context is not None and self._context.engine.running
+        return self._context is not None and self._context.engine.running and not self.draining
+
+    def begin_drain(self) -> None:
+        """Stops admitting new requests; those in flight go on."""
+        self.draining = True
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Waits until no request is in flight (True) or the timeout passes (False)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._context is not None and self._context.engine.stats().in_flight:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def status_message(self) -> str:
+        if self.draining:
+            return "the server is shutting down"
         if self.load_error is not None:
             return f"the model failed to load: {self.load_error}"
         if self._context is None:
@@ -58,7 +74,7 @@ class AppState:
         return "the engine is not running"
 
     def context(self) -> ServingContext:
-        if self._context is None or not self._context.engine.running:
+        if self._context is None or not self._context.engine.running or self.draining:
             raise ServiceUnavailableError(self.status_message())
         return self._context
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
+from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,11 @@ class AsyncEngine:
             raise EngineOverloaded(
                 f"server is at capacity ({capacity} requests running or queued); retry later", retry_after_s=1
             )
+        ids = [request.request_id for request in requests]
+        if len(set(ids)) != len(ids) or any(i in self._streams for i in ids):
+            raise DuplicateRequestId(f"a request with id {ids[0]} is already in flight")
         streams = []
         for request in requests:
-            if request.request_id in self._streams:
-                raise EngineError(f"duplicate request id {request.request_id}")
             queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
             self._streams[request.request_id] = queue
             streams.append(self._stream(request.request_id, queue))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -12,6 +13,7 @@ from transformers_openai.engine.request import EngineRequest, FinishReason, Requ
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
+from transformers_openai.engine.stats import EngineObserver, NullObserver, StepStats
 from transformers_openai.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -26,12 +28,14 @@ class EngineCore:
         tokenizer: Decoder,
         scheduler: Scheduler,
         stop_token_ids: frozenset[int],
+        observer: EngineObserver | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
         self._sampler = Sampler()
+        self._observer: EngineObserver = observer or NullObserver()
 
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
@@ -43,8 +47,9 @@ class EngineCore:
         if seq is None:
             return None
         self._release(seq)
-        logger.warning("request %s aborted (client disconnected) after %d tokens", request_id, len(seq.output_ids))
-        return seq.final_output(FinishReason.ABORT)
+        output = seq.final_output(FinishReason.ABORT)
+        self._finished(seq, client_disconnected=True)
+        return output
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -52,11 +57,13 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Admits what fits, then advances every running row by one token."""
         outputs: list[RequestOutput] = []
+        gaps: list[float] = []
         admitted = self._prefill(self.scheduler.admissible(), outputs)
         if admitted:
             logits = torch.stack([logit for _, logit in admitted])
-            self._sample(logits, [seq for seq, _ in admitted], outputs)
+            self._sample(logits, [seq for seq, _ in admitted], outputs, gaps)
         running = self.scheduler.running
+        batch_size = len(running)
         if running:
             by_slot = {seq.slot: seq for seq in running.values()}
             try:
@@ -65,7 +72,19 @@ class EngineCore:
                 logger.exception("decode step failed")
                 outputs.extend(self._fail(list(running.values()), exc))
                 return outputs
-            self._sample(logits, [by_slot[slot] for slot in slots], outputs)
+            self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
+        self._observer.on_step(
+            StepStats(
+                running=len(self.scheduler.running),
+                waiting=len(self.scheduler.waiting),
+                batch_size=batch_size,
+                rows_in_use=self.runner.rows_in_use(),
+                max_rows=self.runner.max_rows,
+                prompt_tokens=sum(seq.prompt_len for seq, _ in admitted),
+                generation_tokens=len(admitted) + batch_size,
+                inter_token_latencies_s=gaps,
+            )
+        )
         return outputs
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
@@ -75,31 +94,54 @@ class EngineCore:
     def _prefill(self, seqs: list[Sequence], outputs: list[RequestOutput]) -> list[tuple[Sequence, torch.Tensor]]:
         admitted = []
         for seq in seqs:
+            seq.scheduled_at = time.monotonic()
             try:
                 slot, logits = self.runner.prefill(seq.request.prompt_token_ids, seq.request.model_inputs)
             except Exception as exc:
                 logger.exception("prefill failed for request %s", seq.request_id)
                 outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {exc}"))
+                self._finished(seq)
                 continue
             seq.slot = slot
             self.scheduler.start(seq)
             admitted.append((seq, logits))
         return admitted
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]) -> None:
+    def _sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput], gaps: list[float]
+    ) -> None:
         result = self._sampler(logits, [seq.sampler_row for seq in seqs])
         for seq, token_id, logprob in zip(seqs, result.token_ids, result.logprobs, strict=True):
             output = seq.append(token_id, logprob)
             outputs.append(output)
+            if seq.last_gap_s is not None:
+                gaps.append(seq.last_gap_s)
             if output.finished:
                 self.scheduler.remove(seq.request_id)
                 self._release(seq)
-                _log_finished(seq)
+                self._finished(seq)
 
     def _release(self, seq: Sequence) -> None:
         if seq.slot is not None:
             self.runner.release(seq.slot)
             seq.slot = None
+
+    def _finished(self, seq: Sequence, client_disconnected: bool = False) -> None:
+        stats = seq.stats(client_disconnected)
+        self._observer.on_finished(stats)
+        if client_disconnected:
+            logger.warning(
+                "request %s aborted after %d tokens: client disconnected",
+                seq.request_id, stats.completion_tokens, extra={"request": asdict(stats), "request_id": seq.request_id},
+            )
+            return
+        logger.info(
+            "request %s finished: prompt_tokens=%d completion_tokens=%d queue=%.3fs ttft=%.3fs "
+            "tokens_per_s=%.1f finish_reason=%s",
+            seq.request_id, stats.prompt_tokens, stats.completion_tokens, stats.queue_time_s,
+            stats.time_to_first_token_s or 0.0, stats.decode_tokens_per_s, stats.finish_reason,
+            extra={"request": asdict(stats), "request_id": seq.request_id},
+        )
 
     def _fail(self, seqs: list[Sequence], exc: BaseException) -> list[RequestOutput]:
         outputs = []
@@ -107,20 +149,5 @@ class EngineCore:
             self.scheduler.remove(seq.request_id)
             self._release(seq)
             outputs.append(seq.final_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+            self._finished(seq)
         return outputs
-
-
-def _log_finished(seq: Sequence) -> None:
-    end = seq.finished_at or time.monotonic()
-    first = seq.first_token_at or end
-    decode_time = end - first
-    rate = (len(seq.output_ids) - 1) / decode_time if decode_time > 0 else 0.0
-    logger.info(
-        "request %s finished: prompt_tokens=%d completion_tokens=%d ttft=%.3fs tokens_per_s=%.1f finish_reason=%s",
-        seq.request_id,
-        seq.prompt_len,
-        len(seq.output_ids),
-        first - seq.arrival,
-        rate,
-        seq.finish_reason.value if seq.finish_reason else "unknown",
-    )

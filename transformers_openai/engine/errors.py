@@ -13,5 +13,9 @@ class EngineOverloaded(EngineError):
         self.retry_after_s = retry_after_s
 
 
+class DuplicateRequestId(EngineError):
+    """A request id that is already in flight."""
+
+
 class EngineStopped(EngineError):
     """The engine is not running (not started yet, or shutting down)."""

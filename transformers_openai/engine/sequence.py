@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from transformers_openai.engine.detokenizer import Decoder, IncrementalDetokenizer
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.engine.sampler import SamplerRow
+from transformers_openai.engine.stats import FinishedRequest
 from transformers_openai.engine.stop_matcher import StopMatcher
 
 
@@ -29,7 +31,8 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         params = request.params
         generator = torch.Generator()
-        generator.manual_seed(params.seed if params.seed is not None else int(torch.seed()))
+        # Unseeded requests draw a fresh seed without touching torch's global generator.
+        generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         # An encoder's input is not part of the generated text: no penalties on it, no detokenizer context.
         decoder_prompt = request.prompt_token_ids if prompt_in_decoder else []
         self.sampler_row = SamplerRow(
@@ -45,8 +48,11 @@ class Sequence:
             tokenizer, params.skip_special_tokens, context=decoder_prompt
         )
         self._stop = StopMatcher(params.stop)
+        self.last_gap_s: float | None = None
         self.arrival = time.monotonic()
+        self.scheduled_at: float | None = None
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self.finished_at: float | None = None
 
     @property
@@ -62,6 +68,8 @@ class Sequence:
         now = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = now
+        self.last_gap_s = None if self.last_token_at is None else now - self.last_token_at
+        self.last_token_at = now
         self.output_ids.append(token_id)
         is_eos = token_id in self._eos  # the sampler keeps these out until min_tokens is reached
         text = "" if is_eos else self._stop.push(self._detokenizer.push(token_id))
@@ -84,6 +92,22 @@ class Sequence:
             completion_tokens=len(self.output_ids),
             logprobs=logprobs,
             finish_reason=self.finish_reason,
+        )
+
+    def stats(self, client_disconnected: bool = False) -> FinishedRequest:
+        end = self.finished_at or time.monotonic()
+        first = self.first_token_at
+        decode_time = end - first if first is not None else 0.0
+        return FinishedRequest(
+            request_id=self.request_id,
+            finish_reason=self.finish_reason.value if self.finish_reason else "unknown",
+            prompt_tokens=self.prompt_len,
+            completion_tokens=len(self.output_ids),
+            queue_time_s=(self.scheduled_at or end) - self.arrival,
+            time_to_first_token_s=None if first is None else first - self.arrival,
+            e2e_latency_s=end - self.arrival,
+            decode_tokens_per_s=(len(self.output_ids) - 1) / decode_time if decode_time > 0 else 0.0,
+            client_disconnected=client_disconnected,
         )
 
     def final_output(self, reason: FinishReason, error: str | None = None) -> RequestOutput:

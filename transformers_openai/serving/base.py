@@ -77,14 +77,18 @@ class GenerationHandler(Generic[RequestT]):
 
     # -- the shared flow
     async def create(
-        self, request: RequestT, wait_disconnect: WaitDisconnect
+        self, request: RequestT, wait_disconnect: WaitDisconnect, request_id: str | None = None
     ) -> BaseModel | AsyncIterator[BaseModel]:
-        """Validates, submits to the engine and returns a full response or a stream of chunks."""
+        """Validates, submits to the engine and returns a full response or a stream of chunks.
+
+        `request_id` (the X-Request-Id) names the engine requests (`<id>-<choice>`) and their log lines.
+        """
         if request.model not in self.ctx.model_aliases:
             raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
-        request_id = self.request_id_prefix + uuid.uuid4().hex
+        base_id = request_id or uuid.uuid4().hex
         prompts = await self.prompts(request)
-        choices, engine_requests = self._fan_out(request_id, request, prompts)
+        choices, engine_requests = self._fan_out(base_id, request, prompts)
+        request_id = self.request_id_prefix + base_id
         streams = self.ctx.engine.submit(engine_requests)
         merged = self._merge([r.request_id for r in engine_requests], streams)
         if request.stream:
@@ -94,7 +98,7 @@ class GenerationHandler(Generic[RequestT]):
     request_id_prefix = "req-"
 
     def _fan_out(
-        self, request_id: str, request: RequestT, prompts: list[Prompt]
+        self, base_id: str, request: RequestT, prompts: list[Prompt]
     ) -> tuple[list[Choice], list[EngineRequest]]:
         choices: list[Choice] = []
         engine_requests: list[EngineRequest] = []
@@ -107,7 +111,7 @@ class GenerationHandler(Generic[RequestT]):
                 seed = None if params.seed is None else params.seed + i
                 choice_params = params if seed == params.seed else replace(params, seed=seed)
                 choices.append(Choice(index=index, prompt=prompt))
-                engine_requests.append(EngineRequest(f"{request_id}-{index}", prompt.token_ids, choice_params))
+                engine_requests.append(EngineRequest(f"{base_id}-{index}", prompt.token_ids, choice_params))
         return choices, engine_requests
 
     def _max_tokens(self, request: RequestT, prompt_len: int) -> int:

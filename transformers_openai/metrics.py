@@ -1,0 +1,85 @@
+"""Prometheus metrics, named after vLLM's (`vllm:` becomes `transformers_openai:`) so dashboards carry over."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from transformers_openai.engine.stats import FinishedRequest, StepStats
+
+PREFIX = "transformers_openai:"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """All metrics of one server, in their own registry (no process-global state).
+
+    It observes the engine (an `EngineObserver`, called on the engine thread) and is told by the
+    API layer about rejected requests.
+    """
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ["model_name"]
+        self._model = model_name
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, [*labels, *extra], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge("num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting for a row.")
+        self.kv_rows = gauge("kv_cache_rows_in_use", "KV-cache rows (one per running request) in use.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache rows in use (1 = full).")
+        self.success = counter("request_success_total", "Finished requests by finish reason.", ("finished_reason",))
+        self.rejected = counter("request_rejected_total", "Requests rejected with 429 (server at capacity).")
+        self.disconnected = counter("request_client_disconnected_total", "Requests aborted by a client disconnect.")
+        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens_total", "Tokens generated.")
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive tokens.", _ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Time spent waiting for a row.", _LATENCY_BUCKETS)
+        self.batch = histogram("batch_size", "Rows advanced per decode step.", _BATCH_BUCKETS)
+
+    # -- EngineObserver
+    def on_step(self, stats: StepStats) -> None:
+        model = self._model
+        self.running.labels(model).set(stats.running)
+        self.waiting.labels(model).set(stats.waiting)
+        self.kv_rows.labels(model).set(stats.rows_in_use)
+        self.kv_usage.labels(model).set(stats.rows_in_use / stats.max_rows if stats.max_rows else 0.0)
+        if stats.prompt_tokens:
+            self.prompt_tokens.labels(model).inc(stats.prompt_tokens)
+        if stats.generation_tokens:
+            self.generation_tokens.labels(model).inc(stats.generation_tokens)
+        if stats.batch_size:
+            self.batch.labels(model).observe(stats.batch_size)
+        itl = self.itl.labels(model)
+        for gap in stats.inter_token_latencies_s:
+            itl.observe(gap)
+
+    def on_finished(self, request: FinishedRequest) -> None:
+        model = self._model
+        self.success.labels(model, request.finish_reason).inc()
+        if request.client_disconnected:
+            self.disconnected.labels(model).inc()
+        if request.time_to_first_token_s is not None:
+            self.ttft.labels(model).observe(request.time_to_first_token_s)
+        self.e2e.labels(model).observe(request.e2e_latency_s)
+        self.queue.labels(model).observe(request.queue_time_s)
+
+    # -- API side
+    def on_rejected(self) -> None:
+        self.rejected.labels(self._model).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
