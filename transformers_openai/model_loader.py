@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig
 
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.runners.base import ModelRunner
@@ -114,7 +115,8 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         runner = CausalLMRunner(model, settings.max_batch_size, max_len)
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
-    core = EngineCore(runner, copy.deepcopy(tokenizer), scheduler, stop_token_ids(model, tokenizer), observer)
+    detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
+    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer)
     template = settings.chat_template.read_text() if settings.chat_template else None
     return ServingContext(
         engine=AsyncEngine(core),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -30,11 +32,10 @@ def _disconnect_waiter(request: Request):  # type: ignore[no-untyped-def]
     return wait
 
 
-async def _generate(handler: GenerationHandler, body: BaseModel, request: Request) -> Response:  # type: ignore[type-arg]
+async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
     try:
-        result = await handler.create(
-            body, _disconnect_waiter(request), request.scope.get("state", {}).get("request_id")  # type: ignore[arg-type]
-        )
+        request_id = request.scope.get("state", {}).get("request_id")  # set by RequestIdMiddleware
+        result = await handler.create(body, _disconnect_waiter(request), request_id)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):

@@ -65,7 +65,7 @@ class EngineCore:
         running = self.scheduler.running
         batch_size = len(running)
         if running:
-            by_slot = {seq.slot: seq for seq in running.values()}
+            by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
             try:
                 slots, logits = self.runner.decode({slot: seq.output_ids[-1] for slot, seq in by_slot.items()})
             except Exception as exc:  # a failed forward ends the batch, not the server

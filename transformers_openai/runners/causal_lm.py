@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from transformers_openai.runners.kv_cache import BatchKVCache
+from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
 
@@ -34,7 +34,7 @@ class CausalLMRunner:
         input_ids = torch.tensor([prompt_token_ids], device=self.device)
         own_cache = DynamicCache()
         out = self.model(input_ids=input_ids, past_key_values=own_cache, use_cache=True, logits_to_keep=1)
-        pos = self._cache.insert([(layer.keys, layer.values) for layer in own_cache.layers])
+        pos = self._cache.insert(layer_tensors(own_cache))
         return self._slots.add(pos), out.logits[0, -1].float()
 
     @torch.inference_mode()

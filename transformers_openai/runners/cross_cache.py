@@ -6,19 +6,19 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-class _CrossLayer(CacheLayerMixin):
+class _CrossLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """Exposes the batch's cross K/V as `keys`/`values`, which is where T5-style attention reads them."""
 
     is_sliding = False
     is_compileable = False
 
     def __init__(self, owner: CrossKVCache, index: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._owner = owner
         self._index = index
         self.is_initialized = True
 
-    @property  # type: ignore[override]
+    @property
     def keys(self) -> torch.Tensor:
         return self._owner.view(self._owner.k, self._index)
 
@@ -26,7 +26,7 @@ class _CrossLayer(CacheLayerMixin):
     def keys(self, value: torch.Tensor | None) -> None:
         pass  # the base class assigns None at construction; the buffers live in the owner
 
-    @property  # type: ignore[override]
+    @property
     def values(self) -> torch.Tensor:
         return self._owner.view(self._owner.v, self._index)
 

@@ -11,14 +11,25 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-class _SlotLayer(CacheLayerMixin):
+def layer_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (keys, values) of every layer of a filled single-request cache."""
+    tensors = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(f"unsupported cache layer {type(layer).__name__}: attention K/V expected")
+        tensors.append((keys, values))
+    return tensors
+
+
+class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One layer's view of the shared buffers: writes the step's new column in place, no concatenation."""
 
     is_sliding = False
     is_compileable = False
 
     def __init__(self, owner: BatchKVCache, index: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._owner = owner
         self._index = index
         self.is_initialized = True

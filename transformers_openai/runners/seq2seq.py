@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.cross_cache import CrossKVCache
-from transformers_openai.runners.kv_cache import BatchKVCache
+from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
 
@@ -51,10 +51,8 @@ class Seq2SeqRunner:
             past_key_values=own_cache,
             use_cache=True,
         )
-        self_layers = [(layer.keys, layer.values) for layer in own_cache.self_attention_cache.layers]
-        cross_layers = [(layer.keys, layer.values) for layer in own_cache.cross_attention_cache.layers]
-        pos = self._self_cache.insert(self_layers)
-        if self._cross_cache.insert(cross_layers) != pos:
+        pos = self._self_cache.insert(layer_tensors(own_cache.self_attention_cache))
+        if self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache)) != pos:
             raise RuntimeError("self- and cross-attention rows out of step")
         return self._slots.add(pos), out.logits[0, -1].float()
 

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import (
@@ -46,7 +46,7 @@ class Choice:
     prompt: Prompt
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)  # engine TokenLogprob items
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     completion_tokens: int = 0
 
@@ -238,9 +238,9 @@ class GenerationHandler(Generic[RequestT]):
                 _check_output(output)
                 choice = choices[index]
                 self._accumulate(choice, output)
-                chunk = self.chunk(request_id, request, choice, output)
-                if chunk is not None:
-                    yield chunk
+                delta = self.chunk(request_id, request, choice, output)
+                if delta is not None:
+                    yield delta
             if request.include_usage():
                 yield self.usage_chunk(request_id, request, self._usage(choices))
         except (asyncio.CancelledError, GeneratorExit):
