@@ -1,0 +1,63 @@
+# transformers-openai-api as a container: `python -m transformers_openai.main`, every setting an environment
+# variable (HF_MODEL, TORCH_DTYPE, MAX_BATCH_SIZE, API_KEY, ...; see docs/deployment.md); arguments after the
+# image name are appended as flags.
+#
+# GPU (default): PyTorch's CUDA runtime image, whose CUDA build of torch is kept.
+#   docker build -t transformers-openai-api .
+#   docker run --gpus all -p 7088:7088 -v hf-cache:/data/huggingface -e HF_MODEL=Qwen/Qwen2.5-0.5B-Instruct \
+#     transformers-openai-api --max-batch-size 32
+# CPU: a plain Python base; torch is then installed from TORCH_INDEX (the CPU wheels).
+#   docker build --build-arg BASE_IMAGE=python:3.12-slim-bookworm -t transformers-openai-api:cpu .
+ARG BASE_IMAGE=pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+# Used only when the base image has no torch.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_SPEC=torch==2.10.0
+# 1000 is the usual first desktop user, so a bind-mounted host cache stays writable.
+ARG APP_UID=1000
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+RUN python -c "import torch" 2>/dev/null \
+    || python -m pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+
+WORKDIR /tmp/src
+COPY pyproject.toml README.md ./
+COPY transformers_openai ./transformers_openai
+# A regular (not editable) install, so the source tree is not needed at run time; the entry command is tried
+# from / so that it runs the installed package.
+RUN python -m pip install ".[gguf]" \
+    && cd / \
+    && python -m transformers_openai.main --help >/dev/null \
+    && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && rm -rf /tmp/src
+
+COPY deploy/healthcheck.py /usr/local/lib/transformers-openai/healthcheck.py
+
+# --non-unique: some bases already have a user with this uid.
+RUN useradd --create-home --non-unique --uid "${APP_UID}" --user-group app \
+    && mkdir -p /data/huggingface \
+    && chown -R app:app /data
+
+ENV HF_HOME=/data/huggingface \
+    TOKENIZERS_PARALLELISM=false \
+    HOST=0.0.0.0 \
+    PORT=7088
+
+# Downloaded models live here: mount a named volume (or a host directory) to keep them across containers.
+VOLUME ["/data/huggingface"]
+
+USER app
+WORKDIR /home/app
+EXPOSE 7088
+
+# /health answers 503 while the model loads; the start period covers a first download.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
+    CMD ["python", "/usr/local/lib/transformers-openai/healthcheck.py"]
+
+ENTRYPOINT ["python", "-m", "transformers_openai.main"]
