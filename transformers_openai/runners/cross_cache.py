@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
+
+from transformers_openai.runners.kv_cache import OwnedLayer, grow_columns, zero_buffers
 
 
-class _CrossLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
     """Exposes the batch's cross K/V as `keys`/`values`, which is where T5-style attention reads them."""
-
-    is_sliding = False
-    is_compileable = False
-
-    def __init__(self, owner: CrossKVCache, index: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._owner = owner
-        self._index = index
-        self.is_initialized = True
 
     @property
     def keys(self) -> torch.Tensor:
-        return self._owner.view(self._owner.k, self._index)
+        return self._owner.view(self._owner.k, self._index)  # type: ignore[no-any-return]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -28,26 +21,20 @@ class _CrossLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
 
     @property
     def values(self) -> torch.Tensor:
-        return self._owner.view(self._owner.v, self._index)
+        return self._owner.view(self._owner.v, self._index)  # type: ignore[no-any-return]
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
         pass
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        return None
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("cross-attention K/V are written at admission, never during a batched step")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._owner.width, 0
+        return int(self._owner.width), 0
 
     def get_seq_length(self) -> int:
-        return self._owner.width
-
-    def get_max_length(self) -> int:
-        return -1
+        return int(self._owner.width)
 
 
 class CrossKVCache(Cache):
@@ -107,17 +94,12 @@ class CrossKVCache(Cache):
             self.k, self.v = [], []
 
     def _allocate(self, like: torch.Tensor, capacity: int) -> None:
-        shape = (self.max_rows, like.shape[1], capacity, like.shape[3])
-        self.k = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
-        self.v = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+        self.k = zero_buffers(like, self._layers_n, self.max_rows, capacity)
+        self.v = zero_buffers(like, self._layers_n, self.max_rows, capacity)
 
     def _reserve(self, needed: int) -> None:
         capacity = self.k[0].shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed, capacity * 2)
-        for buffers in (self.k, self.v):
-            for layer, old in enumerate(buffers):
-                grown = old.new_zeros((old.shape[0], old.shape[1], new_capacity, old.shape[3]))
-                grown[:, :, :capacity] = old
-                buffers[layer] = grown
+        grow_columns(self.k, max(needed, capacity * 2), keep=capacity)
+        grow_columns(self.v, max(needed, capacity * 2), keep=capacity)

@@ -7,6 +7,8 @@ is kept apart and turned into the attention mask and position ids by the runner.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -22,13 +24,13 @@ def layer_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return tensors
 
 
-class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
-    """One layer's view of the shared buffers: writes the step's new column in place, no concatenation."""
+class OwnedLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+    """A cache layer whose tensors live in a batched owner cache; transformers only sees this per-layer view."""
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, owner: BatchKVCache, index: int) -> None:
+    def __init__(self, owner: Any, index: int) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._owner = owner
         self._index = index
@@ -37,6 +39,13 @@ class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None
 
+    def get_max_length(self) -> int:
+        return -1
+
+
+class _SlotLayer(OwnedLayer):  # type: ignore[no-untyped-call]
+    """Writes the step's new column in place, no concatenation."""
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
         return self._owner.write(self._index, key_states, value_states)
 
@@ -44,10 +53,21 @@ class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         return self._owner.length + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self._owner.length
+        return int(self._owner.length)
 
-    def get_max_length(self) -> int:
-        return -1
+
+def zero_buffers(like: torch.Tensor, layers: int, rows: int, capacity: int) -> list[torch.Tensor]:
+    """One `[rows, heads, capacity, head_dim]` zero buffer per layer, shaped and typed like `like`."""
+    shape = (rows, like.shape[1], capacity, like.shape[3])
+    return [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(layers)]
+
+
+def grow_columns(buffers: list[torch.Tensor], capacity: int, keep: int) -> None:
+    """Replaces each buffer by one with `capacity` columns, keeping the first `keep` (zeros elsewhere)."""
+    for layer, old in enumerate(buffers):
+        grown = old.new_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]))
+        grown[:, :, :keep] = old[:, :, :keep]
+        buffers[layer] = grown
 
 
 class BatchKVCache(Cache):
@@ -135,20 +155,16 @@ class BatchKVCache(Cache):
 
     # -- buffer housekeeping
     def _allocate(self, like: torch.Tensor, capacity: int) -> None:
-        shape = (self.max_rows, like.shape[1], capacity, like.shape[3])
-        self._k = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
-        self._v = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self._layers_n)]
+        self._k = zero_buffers(like, self._layers_n, self.max_rows, capacity)
+        self._v = zero_buffers(like, self._layers_n, self.max_rows, capacity)
 
     def _reserve(self, needed: int) -> None:
         capacity = self._k[0].shape[2]
         if needed <= capacity:
             return
         new_capacity = min(max(needed, capacity * 2), max(self.max_len + 1, needed))
-        for buffers in (self._k, self._v):
-            for layer, old in enumerate(buffers):
-                grown = old.new_zeros((old.shape[0], old.shape[1], new_capacity, old.shape[3]))
-                grown[:, :, : self.length] = old[:, :, : self.length]
-                buffers[layer] = grown
+        grow_columns(self._k, new_capacity, keep=self.length)
+        grow_columns(self._v, new_capacity, keep=self.length)
 
     def _shift_right(self, by: int) -> None:
         self._reserve(self.length + by + 1)
