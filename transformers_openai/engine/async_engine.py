@@ -33,7 +33,9 @@ class AsyncEngine:
     def __init__(self, core: EngineCore) -> None:
         self._core = core
         self._cv = threading.Condition()
-        self._inbox: list[tuple[str, EngineRequest | str]] = []
+        # Handed from the event loop to the engine thread under `_cv`; applied between steps.
+        self._new: list[EngineRequest] = []
+        self._aborted: list[str] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,7 +86,7 @@ class AsyncEngine:
             self._streams[request.request_id] = queue
             streams.append(self._stream(request.request_id, queue))
         with self._cv:
-            self._inbox.extend(("add", request) for request in requests)
+            self._new.extend(requests)
             self._cv.notify()
         return streams
 
@@ -96,7 +98,7 @@ class AsyncEngine:
         if self._streams.pop(request_id, None) is None:
             return
         with self._cv:
-            self._inbox.append(("abort", request_id))
+            self._aborted.append(request_id)
             self._cv.notify()
 
     async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput]) -> AsyncIterator[RequestOutput]:
@@ -119,30 +121,30 @@ class AsyncEngine:
                 del self._streams[output.request_id]
             queue.put_nowait(output)
 
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        """Hands outputs to the event loop (called on the engine thread)."""
+        if outputs and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
     def _run(self) -> None:
         core = self._core
         while True:
             with self._cv:
-                while not self._inbox and not core.has_work() and not self._stopping:
+                while not (self._new or self._aborted or core.has_work() or self._stopping):
                     self._cv.wait()
                 if self._stopping:
                     break
-                inbox, self._inbox = self._inbox, []
-            outputs: list[RequestOutput] = []
-            for kind, item in inbox:
-                if kind == "add":
-                    assert isinstance(item, EngineRequest)
-                    core.add(item)
-                else:
-                    assert isinstance(item, str)
-                    core.abort(item)
+                new, self._new = self._new, []
+                aborted, self._aborted = self._aborted, []
+            for request in new:
+                core.add(request)
+            for request_id in aborted:  # after the adds: an abort may name a request submitted just before
+                core.abort(request_id)
             try:
-                outputs.extend(core.step())
+                outputs = core.step(publish=self._publish)
             except Exception as exc:  # keep serving: fail what was in flight and go on
                 logger.exception("engine step failed")
-                outputs.extend(core.fail_all(exc))
-            if outputs and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._dispatch, outputs)
-        failed = self._core.fail_all(EngineStopped("the engine stopped"))
-        if failed and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._dispatch, failed)
+                outputs = core.fail_all(exc)
+            self._publish(outputs)
+        if self._loop is not None and not self._loop.is_closed():
+            self._publish(self._core.fail_all(EngineStopped("the engine stopped")))

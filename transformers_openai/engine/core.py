@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -54,14 +55,24 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[RequestOutput]:
-        """Admits what fits, then advances every running row by one token."""
+    def step(self, publish: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
+        """Admits what fits, then advances every running row by one token.
+
+        Args:
+            publish: if given, receives the new requests' first tokens as soon as they are sampled,
+                so their time to first token does not include this step's batched decode.
+        Returns:
+            The outputs not yet published.
+        """
         outputs: list[RequestOutput] = []
         gaps: list[float] = []
         admitted = self._prefill(self.scheduler.admissible(), outputs)
         if admitted:
             logits = torch.stack([logit for _, logit in admitted])
             self._sample(logits, [seq for seq, _ in admitted], outputs, gaps)
+        if publish is not None and outputs:
+            publish(outputs)
+            outputs = []
         running = self.scheduler.running
         batch_size = len(running)
         if running:
