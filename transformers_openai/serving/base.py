@@ -54,6 +54,7 @@ class Choice:
 class GenerationHandler(Generic[RequestT]):
     """Base of the chat and completions handlers; subclasses build prompts and shape the responses."""
 
+    request_id_prefix = "req-"  # of the response's `id`: chatcmpl-, cmpl-
     default_max_tokens_when_unset: int | None = None  # None: the rest of the context
 
     def __init__(self, ctx: ServingContext) -> None:
@@ -94,8 +95,6 @@ class GenerationHandler(Generic[RequestT]):
         if request.stream:
             return self._stream(request_id, request, choices, merged)
         return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect)
-
-    request_id_prefix = "req-"
 
     def _fan_out(
         self, base_id: str, request: RequestT, prompts: list[Prompt]
