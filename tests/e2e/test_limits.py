@@ -51,3 +51,13 @@ def test_queue_limit_gives_429(small_server: ServerProcess) -> None:
         assert ok.status_code == 200
 
     asyncio.run(run())
+
+
+def test_more_choices_than_the_server_can_hold_is_a_400_not_a_429(small_server: ServerProcess) -> None:
+    response = httpx.post(
+        f"{small_server.base_url}/completions",
+        json={"model": "test-model", "prompt": ["a", "b"], "n": 2, "max_tokens": 2},  # 4 > 2 rows + 1 queued
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "n"

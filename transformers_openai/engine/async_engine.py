@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped
+from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,10 @@ class AsyncEngine:
         if not self.running:
             raise EngineStopped("the engine is not running")
         capacity = self._core.scheduler.capacity
+        if len(requests) > capacity:
+            raise TooManySequences(
+                f"this request needs {len(requests)} sequences but the server holds at most {capacity} at once"
+            )
         if len(self._streams) + len(requests) > capacity:
             raise EngineOverloaded(
                 f"server is at capacity ({capacity} requests running or queued); retry later", retry_after_s=1

@@ -13,6 +13,10 @@ class EngineOverloaded(EngineError):
         self.retry_after_s = retry_after_s
 
 
+class TooManySequences(EngineError):
+    """One submission asks for more sequences than the engine could ever hold at once."""
+
+
 class DuplicateRequestId(EngineError):
     """A request id that is already in flight."""
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from transformers_openai.engine.errors import DuplicateRequestId, EngineError, EngineOverloaded, EngineStopped
+from transformers_openai.engine.errors import (
+    DuplicateRequestId,
+    EngineError,
+    EngineOverloaded,
+    EngineStopped,
+    TooManySequences,
+)
 from transformers_openai.protocol import ErrorBody, ErrorResponse
 
 
@@ -82,6 +88,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, EngineOverloaded):
         return RateLimitError(str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, TooManySequences):
+        return BadRequestError(f"{exc}; lower n or send fewer prompts", param="n", code="too_many_sequences")
     if isinstance(exc, DuplicateRequestId):
         return BadRequestError(f"{exc}; use a fresh X-Request-Id", code="duplicate_request_id")
     if isinstance(exc, EngineStopped):
