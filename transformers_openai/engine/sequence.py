@@ -79,6 +79,8 @@ class Sequence:
             self.finish_reason = FinishReason.LENGTH
         if self.finish_reason is not None and not self._stop.stopped:
             text += self._stop.push(self._detokenizer.flush()) + self._stop.flush()
+            if self._stop.stopped:  # a stop string completed in the held-back tail
+                self.finish_reason = FinishReason.STOP
         if self.finish_reason is not None:
             self.finished_at = now
         logprobs = None
