@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
-from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,22 @@ class AsyncEngine:
                 del self._streams[output.request_id]
             queue.put_nowait(output)
 
+    def _add(self, request: EngineRequest) -> None:
+        try:
+            self._core.add(request)
+        except Exception as exc:  # a request the engine cannot take fails alone
+            logger.exception("request %s could not be added", request.request_id)
+            failed = RequestOutput(
+                request_id=request.request_id,
+                text="",
+                token_ids=[],
+                prompt_tokens=len(request.prompt_token_ids),
+                completion_tokens=0,
+                finish_reason=FinishReason.ERROR,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            self._publish([failed])
+
     def _publish(self, outputs: list[RequestOutput]) -> None:
         """Hands outputs to the event loop (called on the engine thread)."""
         if outputs and self._loop is not None:
@@ -140,11 +156,11 @@ class AsyncEngine:
                     break
                 new, self._new = self._new, []
                 aborted, self._aborted = self._aborted, []
-            for request in new:
-                core.add(request)
-            for request_id in aborted:  # after the adds: an abort may name a request submitted just before
-                core.abort(request_id)
             try:
+                for request in new:
+                    self._add(request)
+                for request_id in aborted:  # after the adds: an abort may name a request submitted just before
+                    core.abort(request_id)
                 outputs = core.step(publish=self._publish)
             except Exception as exc:  # keep serving: fail what was in flight and go on
                 logger.exception("engine step failed")

@@ -1,0 +1,91 @@
+"""AsyncEngine on the tiny Llama: admission limits, aborts of queued and running requests, and failures stay local."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from transformers_openai.engine.async_engine import AsyncEngine
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.errors import EngineOverloaded, TooManySequences
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.causal_lm import CausalLMRunner
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_llama_dir: Path) -> tuple[Any, Any]:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def make_engine(parts: tuple[Any, Any], running: int = 2, waiting: int = 1) -> AsyncEngine:
+    model, tokenizer = parts
+    runner = CausalLMRunner(model, max_rows=running, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(running, waiting), frozenset({tokenizer.eos_token_id}))
+    return AsyncEngine(core)
+
+
+def request(rid: str, max_tokens: int = 8) -> EngineRequest:
+    return EngineRequest(rid, [1, 2, 3], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+
+
+async def drain(stream: Any) -> list[RequestOutput]:
+    return [output async for output in stream]
+
+
+async def test_limits_and_aborts(parts: tuple[Any, Any]) -> None:
+    engine = make_engine(parts)
+    await engine.start()
+    try:
+        with pytest.raises(TooManySequences):
+            engine.submit([request(f"x{i}") for i in range(4)])  # 4 > 2 running + 1 waiting, ever
+        long = engine.submit([request(f"long{i}", max_tokens=400) for i in range(3)])
+        with pytest.raises(EngineOverloaded):
+            engine.submit([request("one-too-many")])
+        first = await anext(long[0])
+        assert first.token_ids and not first.finished
+        for i in range(3):  # two running and one queued: all leave at once
+            engine.abort(f"long{i}")
+        for _ in range(100):
+            stats = engine.stats()
+            if stats.running == stats.waiting == stats.rows_in_use == stats.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert (stats.running, stats.waiting, stats.rows_in_use, stats.in_flight) == (0, 0, 0, 0)
+        outputs = await drain(engine.generate(request("after")))
+        assert outputs[-1].finish_reason == FinishReason.LENGTH and outputs[-1].completion_tokens == 8
+    finally:
+        await engine.stop()
+
+
+async def test_a_request_the_core_rejects_fails_alone(parts: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine(parts)
+    core = engine._core
+    real_add = core.add
+
+    def picky_add(req: EngineRequest) -> None:
+        if req.request_id == "bad":
+            raise ValueError("cannot take this one")
+        real_add(req)
+
+    monkeypatch.setattr(core, "add", picky_add)
+    await engine.start()
+    try:
+        bad, good = engine.submit([request("bad"), request("good")])
+        async with asyncio.timeout(30):  # a dead engine thread would leave both streams hanging
+            bad_outputs, good_outputs = await asyncio.gather(drain(bad), drain(good))
+        assert bad_outputs[-1].finish_reason == FinishReason.ERROR and "cannot take" in (bad_outputs[-1].error or "")
+        assert good_outputs[-1].finish_reason == FinishReason.LENGTH
+        assert engine.running and engine.stats().in_flight == 0
+    finally:
+        await engine.stop()
