@@ -133,6 +133,10 @@ class _SamplingRequest(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """vLLM's extension: usage so far on every chunk."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """Engine parameters; `max_tokens` is already resolved against defaults and the context."""
         temperature = 1.0 if self.temperature is None else self.temperature

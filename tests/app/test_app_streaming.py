@@ -112,3 +112,14 @@ async def test_engine_error_without_streaming_is_a_500(client: httpx.AsyncClient
     response = await client.post(COMPLETIONS, json=completion_body())
     assert response.status_code == 500
     assert set(response.json()["error"]) == ERROR_KEYS
+
+
+async def test_continuous_usage_stats_put_usage_so_far_on_every_chunk(client: httpx.AsyncClient) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = await stream(client, COMPLETIONS, completion_body(stream_options=options))
+    content = [c for c in chunks if c["choices"]]
+    completion_tokens = [c["usage"]["completion_tokens"] for c in content]
+    assert completion_tokens == sorted(completion_tokens) and completion_tokens[-1] == chunks[-1]["usage"][
+        "completion_tokens"
+    ]
+    assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in content)

@@ -70,7 +70,10 @@ class GenerationHandler(Generic[RequestT]):
     def first_chunks(self, request_id: str, request: RequestT, choices: list[Choice]) -> list[BaseModel]:
         return []
 
-    def chunk(self, request_id: str, request: RequestT, choice: Choice, output: RequestOutput) -> BaseModel | None:
+    def chunk(
+        self, request_id: str, request: RequestT, choice: Choice, output: RequestOutput, usage: Usage | None
+    ) -> BaseModel | None:
+        """The chunk for one engine output (None when it adds nothing); `usage` so far when asked for."""
         raise NotImplementedError
 
     def usage_chunk(self, request_id: str, request: RequestT, usage: Usage) -> BaseModel:
@@ -237,7 +240,8 @@ class GenerationHandler(Generic[RequestT]):
                 _check_output(output)
                 choice = choices[index]
                 self._accumulate(choice, output)
-                delta = self.chunk(request_id, request, choice, output)
+                usage = self._usage(choices) if request.continuous_usage() else None
+                delta = self.chunk(request_id, request, choice, output, usage)
                 if delta is not None:
                     yield delta
             if request.include_usage():

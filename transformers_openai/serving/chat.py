@@ -65,7 +65,12 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         ]
 
     def chunk(
-        self, request_id: str, request: ChatCompletionRequest, choice: Choice, output: RequestOutput
+        self,
+        request_id: str,
+        request: ChatCompletionRequest,
+        choice: Choice,
+        output: RequestOutput,
+        usage: Usage | None,
     ) -> BaseModel | None:
         if not output.text and not output.finished and not (output.logprobs and request.logprobs):
             return None
@@ -80,6 +85,7 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
                     finish_reason=output.finish_reason.value if output.finish_reason else None,
                 )
             ],
+            usage=usage,
         )
 
     def usage_chunk(self, request_id: str, request: ChatCompletionRequest, usage: Usage) -> BaseModel:

@@ -65,7 +65,12 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
         ]
 
     def chunk(
-        self, request_id: str, request: CompletionRequest, choice: Choice, output: RequestOutput
+        self,
+        request_id: str,
+        request: CompletionRequest,
+        choice: Choice,
+        output: RequestOutput,
+        usage: Usage | None,
     ) -> BaseModel | None:
         if not output.text and not output.finished and not (output.logprobs and request.logprobs is not None):
             return None
@@ -81,6 +86,7 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                     finish_reason=output.finish_reason.value if output.finish_reason else None,
                 )
             ],
+            usage=usage,
         )
 
     def usage_chunk(self, request_id: str, request: CompletionRequest, usage: Usage) -> BaseModel:
