@@ -113,7 +113,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         runner = Seq2SeqRunner(model, settings.max_batch_size, max_len, max_input_len or max_len)
     else:
         runner = CausalLMRunner(model, settings.max_batch_size, max_len)
-    scheduler = Scheduler(settings.max_batch_size, settings.max_queue)
+    scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
     core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer)

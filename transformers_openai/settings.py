@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(16, ge=1, le=1024, description="Most requests (rows) stepped together.")
     max_queue: int = Field(64, ge=0, description="Most requests waiting beyond the running batch; more get 429.")
+    max_prefill_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Prompt tokens prefilled per engine step (one request always fits). Lower keeps running "
+        "streams smoother when prompts arrive in bursts; higher lowers time to first token.",
+    )
     max_model_len: int | None = Field(
         None, ge=8, description="Context length (prompt + completion); defaults to the model's own limit."
     )
