@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from transformers_openai.api.sse import sse_response
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from transformers_openai.serving.base import ClientDisconnected, GenerationHandler
+from transformers_openai.serving.base import ClientDisconnected, GenerationHandler, WaitDisconnect
 from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
 
 # Not a standard status: what nginx logs when the client closed the connection first.
@@ -24,7 +24,7 @@ def _state(request: Request) -> AppState:
     return state
 
 
-def _disconnect_waiter(request: Request):  # type: ignore[no-untyped-def]
+def _disconnect_waiter(request: Request) -> WaitDisconnect:
     async def wait() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
