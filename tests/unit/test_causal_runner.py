@@ -123,3 +123,31 @@ def test_abort_of_waiting_request_uses_no_row(core, requests) -> None:
     for req in requests[:6]:
         core.abort(req.request_id)
     assert core.runner.rows_in_use() == 0 and not core.has_work()
+
+
+@pytest.fixture
+def chunked_core(model, tokenizer) -> EngineCore:
+    """Prompts prefilled 7 tokens per step: most of them over several steps, between decode steps."""
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    scheduler = Scheduler(max_running=4, max_waiting=16, max_prefill_tokens=7)
+    return EngineCore(runner, tokenizer, scheduler, frozenset({tokenizer.eos_token_id}))
+
+
+def test_chunked_prefill_matches_generate(chunked_core, requests, reference) -> None:
+    tokens = drive(chunked_core, requests, every=2)
+    assert tokens == reference
+    assert chunked_core.runner.rows_in_use() == 0 and not chunked_core.has_work()
+
+
+def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_core, requests) -> None:
+    short, long = requests[0], requests[1]  # 1 and 60 prompt tokens
+    chunked_core.add(short)
+    assert [o.request_id for o in chunked_core.step()] == [short.request_id] * 2  # first token, then a decode
+    chunked_core.add(long)
+    for _ in range(4):  # 60 tokens at 7 per step: still prefilling, and the short request gets a token each step
+        outputs = chunked_core.step()
+        assert [o.request_id for o in outputs] == [short.request_id]
+        assert long.request_id in chunked_core.scheduler.prefilling
+    assert chunked_core.runner.rows_in_use() == 1
+    assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
+    assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1

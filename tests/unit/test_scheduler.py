@@ -28,11 +28,14 @@ def make(tokenizer):
 
 
 def admit(scheduler: Scheduler) -> list[str]:
-    """Admits what the scheduler allows and starts it, as the engine core does."""
-    admitted = scheduler.admissible()
-    for seq in admitted:
-        scheduler.start(seq)
-    return [seq.request_id for seq in admitted]
+    """Plans a step and completes every planned prefill chunk, as the engine core does with a runner."""
+    started = []
+    for seq, take in scheduler.prefill_plan():
+        seq.prefill.done += take
+        if not seq.prefill.remaining:
+            scheduler.start(seq)
+            started.append(seq.request_id)
+    return started
 
 
 def test_fifo_admission_within_max_running(make) -> None:
@@ -50,20 +53,35 @@ def test_fifo_admission_within_max_running(make) -> None:
     assert admit(scheduler) == ["d", "e"]
 
 
-def test_prefill_budget_limits_one_step(make) -> None:
+def test_prefill_budget_splits_prompts_into_chunks_in_order(make) -> None:
     scheduler = Scheduler(max_running=8, max_waiting=8, max_prefill_tokens=10)
     for name, n in [("a", 6), ("b", 6), ("c", 3), ("d", 1)]:
         scheduler.add(make(name, n))
-    assert admit(scheduler) == ["a"]  # b would overflow; c may not jump ahead of b
-    assert admit(scheduler) == ["b", "c", "d"]
+    plan = scheduler.prefill_plan()
+    assert [(seq.request_id, take) for seq, take in plan] == [("a", 6), ("b", 4)]  # b starts, c waits its turn
+    for seq, take in plan:
+        seq.prefill.done += take
+    scheduler.start(plan[0][0])
+    assert [(seq.request_id, take) for seq, take in scheduler.prefill_plan()] == [("b", 2), ("c", 3), ("d", 1)]
 
 
-def test_oversized_prompt_is_still_admitted_alone(make) -> None:
+def test_a_prompt_longer_than_the_budget_is_prefilled_over_several_steps(make) -> None:
     scheduler = Scheduler(max_running=4, max_waiting=4, max_prefill_tokens=10)
-    scheduler.add(make("big", 50))
+    scheduler.add(make("big", 25))
     scheduler.add(make("small", 1))
-    assert admit(scheduler) == ["big"]
-    assert admit(scheduler) == ["small"]
+    assert admit(scheduler) == []  # 10 of 25
+    assert admit(scheduler) == []  # 20 of 25
+    assert admit(scheduler) == ["big", "small"]  # the last 5, then the small one fits the rest of the budget
+    assert list(scheduler.running) == ["big", "small"] and not scheduler.prefilling
+
+
+def test_requests_being_prefilled_count_toward_max_running(make) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=4, max_prefill_tokens=4)
+    scheduler.add(make("long", 10))
+    scheduler.add(make("next", 2))
+    assert [seq.request_id for seq, _ in scheduler.prefill_plan()] == ["long"]
+    assert scheduler.remove("long") is not None  # aborted mid-prefill
+    assert [seq.request_id for seq, _ in scheduler.prefill_plan()] == ["next"]
 
 
 def test_remove_from_waiting_and_running(make) -> None:

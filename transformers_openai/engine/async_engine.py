@@ -62,7 +62,7 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         scheduler = self._core.scheduler
         return EngineStats(
-            running=len(scheduler.running),
+            running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),
             rows_in_use=self._core.runner.rows_in_use(),
             in_flight=len(self._streams),

@@ -66,7 +66,8 @@ class EngineCore:
         """
         outputs: list[RequestOutput] = []
         gaps: list[float] = []
-        admitted = self._prefill(self.scheduler.admissible(), outputs)
+        planned = self.scheduler.prefill_plan()
+        admitted = self._prefill(planned, outputs)
         if admitted:
             logits = torch.stack([logit for _, logit in admitted])
             self._sample(logits, [seq for seq, _ in admitted], outputs, gaps)
@@ -86,12 +87,12 @@ class EngineCore:
             self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
         self._observer.on_step(
             StepStats(
-                running=len(self.scheduler.running),
+                running=len(self.scheduler.running) + len(self.scheduler.prefilling),
                 waiting=len(self.scheduler.waiting),
                 batch_size=batch_size,
                 rows_in_use=self.runner.rows_in_use(),
                 max_rows=self.runner.max_rows,
-                prompt_tokens=sum(seq.prompt_len for seq, _ in admitted),
+                prompt_tokens=sum(take for _, take in planned),
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
             )
@@ -99,21 +100,29 @@ class EngineCore:
         return outputs
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
-        seqs = list(self.scheduler.running.values()) + list(self.scheduler.waiting.values())
+        scheduler = self.scheduler
+        seqs = [*scheduler.running.values(), *scheduler.prefilling.values(), *scheduler.waiting.values()]
         return self._fail(seqs, exc)
 
-    def _prefill(self, seqs: list[Sequence], outputs: list[RequestOutput]) -> list[tuple[Sequence, torch.Tensor]]:
+    def _prefill(
+        self, planned: list[tuple[Sequence, int]], outputs: list[RequestOutput]
+    ) -> list[tuple[Sequence, torch.Tensor]]:
+        """Runs this step's prefill chunks; returns the sequences whose prompt is now fully in."""
         admitted = []
-        for seq in seqs:
-            seq.scheduled_at = time.monotonic()
+        for seq, take in planned:
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.monotonic()
             try:
-                slot, logits = self.runner.prefill(seq.request.prompt_token_ids, seq.request.model_inputs)
+                result = self.runner.prefill(seq.prefill, take)
             except Exception as exc:
                 logger.exception("prefill failed for request %s", seq.request_id)
+                self.scheduler.remove(seq.request_id)
                 outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {exc}"))
                 self._finished(seq)
                 continue
-            seq.slot = slot
+            if result is None:
+                continue  # more chunks in the next steps
+            seq.slot, logits = result
             self.scheduler.start(seq)
             admitted.append((seq, logits))
         return admitted

@@ -1,4 +1,4 @@
-"""Who waits, who runs: admission limits, the waiting queue and cancellation."""
+"""Who waits, who is being prefilled, who runs: admission limits, the prefill budget and cancellation."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from transformers_openai.engine.sequence import Sequence
 
 
 class Scheduler:
-    """Keeps the waiting queue (FIFO) and the running set, within their limits.
+    """Keeps the waiting queue (FIFO), the requests being prefilled and the running set, within their limits.
 
     Args:
-        max_running: rows stepped together (the batch size).
+        max_running: rows stepped together (the batch size); requests being prefilled count toward it.
         max_waiting: requests allowed to wait beyond the running batch.
-        max_prefill_tokens: prompt tokens admitted in one step (at least one request is always admitted),
-            so a burst of long prompts does not stall the decoding rows for long.
+        max_prefill_tokens: prompt tokens prefilled in one step. A longer prompt is prefilled in chunks
+            over several steps, so the running rows keep decoding in between; every step makes progress.
     """
 
     def __init__(self, max_running: int, max_waiting: int, max_prefill_tokens: int = 4096) -> None:
@@ -22,6 +22,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: OrderedDict[str, Sequence] = OrderedDict()
+        self.prefilling: OrderedDict[str, Sequence] = OrderedDict()
         self.running: dict[str, Sequence] = {}
 
     @property
@@ -31,25 +32,39 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting[seq.request_id] = seq
 
-    def admissible(self) -> list[Sequence]:
-        """Pops the waiting requests that may start this step, oldest first."""
-        admitted: list[Sequence] = []
+    def prefill_plan(self) -> list[tuple[Sequence, int]]:
+        """This step's prefill work: (sequence, prompt tokens to process), oldest first.
+
+        Prefills already under way continue first; then waiting requests start while rows and budget remain.
+        """
+        plan: list[tuple[Sequence, int]] = []
         budget = self.max_prefill_tokens
-        while self.waiting and len(self.running) + len(admitted) < self.max_running:
-            seq = next(iter(self.waiting.values()))
-            if admitted and seq.prompt_len > budget:
-                break
-            budget -= seq.prompt_len
-            del self.waiting[seq.request_id]
-            admitted.append(seq)
-        return admitted
+        for seq in self.prefilling.values():
+            if budget <= 0:
+                return plan
+            take = min(seq.prefill.remaining, budget)
+            plan.append((seq, take))
+            budget -= take
+        while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
+            _, seq = self.waiting.popitem(last=False)
+            self.prefilling[seq.request_id] = seq
+            take = min(seq.prefill.remaining, budget)
+            plan.append((seq, take))
+            budget -= take
+        return plan
 
     def start(self, seq: Sequence) -> None:
+        """The sequence's prompt is in: it runs from now on."""
+        self.prefilling.pop(seq.request_id, None)
         self.running[seq.request_id] = seq
 
     def remove(self, request_id: str) -> Sequence | None:
         """Takes a request out of wherever it is; returns it, or None if it is unknown or done."""
-        return self.waiting.pop(request_id, None) or self.running.pop(request_id, None)
+        for queue in (self.waiting, self.prefilling, self.running):
+            seq = queue.pop(request_id, None)
+            if seq is not None:
+                return seq
+        return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self.running)

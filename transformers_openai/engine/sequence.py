@@ -12,6 +12,7 @@ from transformers_openai.engine.request import EngineRequest, FinishReason, Requ
 from transformers_openai.engine.sampler import SamplerRow
 from transformers_openai.engine.stats import FinishedRequest
 from transformers_openai.engine.stop_matcher import StopMatcher
+from transformers_openai.runners.base import PrefillJob
 
 
 class Sequence:
@@ -26,6 +27,7 @@ class Sequence:
         prompt_in_decoder: bool = True,
     ) -> None:
         self.request = request
+        self.prefill = PrefillJob(request.prompt_token_ids, request.model_inputs)
         self.slot: int | None = None
         self.output_ids: list[int] = []
         self.finish_reason: FinishReason | None = None

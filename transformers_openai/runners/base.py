@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+
+@dataclass
+class PrefillJob:
+    """A request's input on its way into a row, possibly over several engine steps (chunked prefill)."""
+
+    prompt_token_ids: list[int]
+    model_inputs: Mapping[str, Any] = field(default_factory=dict)
+    done: int = 0  # prompt tokens processed so far
+    state: Any = None  # the runner's partial cache between chunks
+
+    @property
+    def remaining(self) -> int:
+        return len(self.prompt_token_ids) - self.done
 
 
 class ModelRunner(Protocol):
@@ -24,11 +39,11 @@ class ModelRunner(Protocol):
         """Most tokens a request with this prompt length may generate."""
         ...
 
-    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
-        """Processes a new request's input into a fresh row.
+    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+        """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once).
 
         Returns:
-            (slot, logits of the next token, shape [vocab]).
+            None while input remains; once it is all in, (slot of its fresh row, next-token logits [vocab]).
         """
         ...
 

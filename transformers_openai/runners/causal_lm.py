@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from transformers_openai.runners.base import PrefillJob
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
@@ -30,11 +30,18 @@ class CausalLMRunner:
         return self.max_model_len - prompt_len
 
     @torch.inference_mode()
-    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
-        input_ids = torch.tensor([prompt_token_ids], device=self.device)
-        own_cache = DynamicCache()
-        out = self.model(input_ids=input_ids, past_key_values=own_cache, use_cache=True, logits_to_keep=1)
-        pos = self._cache.insert(layer_tensors(own_cache))
+    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+        # The request's own cache grows chunk by chunk; the row joins the batch when the prompt is in.
+        if job.state is None:
+            job.state = DynamicCache()
+        end = min(len(job.prompt_token_ids), job.done + max(max_tokens, 1))
+        chunk = torch.tensor([job.prompt_token_ids[job.done : end]], device=self.device)
+        out = self.model(input_ids=chunk, past_key_values=job.state, use_cache=True, logits_to_keep=1)
+        job.done = end
+        if job.remaining:
+            return None
+        pos = self._cache.insert(layer_tensors(job.state))
+        job.state = None
         return self._slots.add(pos), out.logits[0, -1].float()
 
     @torch.inference_mode()

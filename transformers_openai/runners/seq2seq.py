@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from transformers_openai.runners.base import PrefillJob
 from transformers_openai.runners.cross_cache import CrossKVCache
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
@@ -41,8 +41,10 @@ class Seq2SeqRunner:
         return self.max_model_len
 
     @torch.inference_mode()
-    def prefill(self, prompt_token_ids: list[int], model_inputs: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
-        input_ids = torch.tensor([prompt_token_ids], device=self.device)
+    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+        # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
+        input_ids = torch.tensor([job.prompt_token_ids], device=self.device)
+        job.done = len(job.prompt_token_ids)
         encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         out = self.model(
