@@ -50,8 +50,9 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(
         4096,
         ge=1,
-        description="Prompt tokens prefilled per engine step (one request always fits). Lower keeps running "
-        "streams smoother when prompts arrive in bursts; higher lowers time to first token.",
+        description="Prompt tokens prefilled per engine step; longer prompts are prefilled in chunks over several "
+        "steps while running streams keep decoding. Lower bounds the stall a long prompt causes; higher lowers "
+        "time to first token.",
     )
     max_model_len: int | None = Field(
         None, ge=8, description="Context length (prompt + completion); defaults to the model's own limit."
