@@ -42,6 +42,9 @@ class Metrics:
         self.success = counter("request_success_total", "Finished requests by finish reason.", ("finished_reason",))
         self.rejected = counter("request_rejected_total", "Requests rejected with 429 (server at capacity).")
         self.disconnected = counter("request_client_disconnected_total", "Requests aborted by a client disconnect.")
+        self.stalled = counter(
+            "request_stream_stalled_total", "Streams aborted: the client stopped reading (--stream-stall-timeout)."
+        )
         self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens_total", "Tokens generated.")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
@@ -80,6 +83,9 @@ class Metrics:
     # -- API side
     def on_rejected(self) -> None:
         self.rejected.labels(self._model).inc()
+
+    def on_stream_stalled(self) -> None:
+        self.stalled.labels(self._model).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

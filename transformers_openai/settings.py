@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(
         30.0, ge=0, description="On SIGTERM, seconds running requests may take to finish before the server exits."
     )
+    stream_stall_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="A stream whose client has not taken data for this many seconds is aborted and its row freed.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     log_format: Literal["text", "json"] = Field("text", description="Log lines as plain text or one JSON object each.")
 

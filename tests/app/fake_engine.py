@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from transformers_openai.engine.errors import EngineOverloaded, EngineStopped
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput, TokenLogprob
 
 FIRST_TOKEN_ID = 100  # piece k of every answer is token FIRST_TOKEN_ID + k
 
@@ -39,6 +39,7 @@ class FakeEngine:
         self.in_flight: set[str] = set()
         self._running = False
         self._stopped = asyncio.Event()
+        self.shutdown_message: str | None = None
 
     @property
     def running(self) -> bool:
@@ -69,6 +70,12 @@ class FakeEngine:
         if request_id in self.in_flight:
             self.in_flight.discard(request_id)
             self.aborted.append(request_id)
+
+    def fail_in_flight(self, message: str) -> int:
+        ended = len(self.in_flight)
+        self.shutdown_message = message
+        self._stopped.set()  # wakes the hanging streams, which then report the shutdown
+        return ended
 
     async def _outputs(self, request: EngineRequest, script: Script) -> AsyncIterator[RequestOutput]:
         rid, prompt_len = request.request_id, len(request.prompt_token_ids)
@@ -101,6 +108,12 @@ class FakeEngine:
             yield RequestOutput(rid, "", [], prompt_len, 0, finish_reason=final)
         if script.hang or rid in self.aborted:
             await self._stopped.wait()
+        if self.shutdown_message is not None and rid in self.in_flight:
+            self.in_flight.discard(rid)
+            yield RequestOutput(
+                rid, "", [], prompt_len, 0, finish_reason=FinishReason.ERROR,
+                error=self.shutdown_message, error_kind=ErrorKind.SHUTDOWN,
+            )
 
 
 def _logprobs(token_id: int, top: int | None) -> list[TokenLogprob] | None:

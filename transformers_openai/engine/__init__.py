@@ -2,7 +2,7 @@
 
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.engine.sampling_params import SamplingParams
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "EngineOverloaded",
     "EngineRequest",
     "EngineStopped",
+    "ErrorKind",
     "FinishReason",
     "RequestOutput",
     "SamplingParams",

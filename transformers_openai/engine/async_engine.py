@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,33 @@ class AsyncEngine:
         with self._cv:
             self._aborted.append(request_id)
             self._cv.notify()
+
+    def fail_in_flight(self, message: str) -> int:
+        """Ends every request in flight at once with a shutdown error (call on the event loop).
+
+        Each stream gets a final `ErrorKind.SHUTDOWN` output, so clients are told why they were cut
+        off; the engine thread frees the rows at its next step boundary. Returns how many were ended.
+        """
+        ended = list(self._streams.items())
+        self._streams.clear()
+        for request_id, queue in ended:
+            queue.put_nowait(
+                RequestOutput(
+                    request_id=request_id,
+                    text="",
+                    token_ids=[],
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    finish_reason=FinishReason.ERROR,
+                    error=message,
+                    error_kind=ErrorKind.SHUTDOWN,
+                )
+            )
+        if ended:
+            with self._cv:
+                self._aborted.extend(request_id for request_id, _ in ended)
+                self._cv.notify()
+        return len(ended)
 
     async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput]) -> AsyncIterator[RequestOutput]:
         finished = False

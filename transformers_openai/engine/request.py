@@ -17,6 +17,13 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+class ErrorKind(str, enum.Enum):
+    """Why a request ended with `FinishReason.ERROR`: a fault of the engine, or the server going down."""
+
+    INTERNAL = "internal"
+    SHUTDOWN = "shutdown"
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One sequence to generate.
@@ -58,6 +65,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_kind: ErrorKind = ErrorKind.INTERNAL
 
     @property
     def finished(self) -> bool:

@@ -12,13 +12,14 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import (
     BadRequestError,
     InternalServerError,
     ModelNotFoundError,
+    ServiceUnavailableError,
     to_openai_error,
 )
 
@@ -278,6 +279,8 @@ def _prompt_param(request: ChatCompletionRequest | CompletionRequest) -> str:
 
 
 def _check_output(output: RequestOutput) -> None:
+    if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.SHUTDOWN:
+        raise ServiceUnavailableError(output.error or "the server is shutting down")
     if output.finish_reason is FinishReason.ERROR:
         raise InternalServerError(f"generation failed: {output.error}")
     if output.finish_reason is FinishReason.ABORT:
