@@ -78,13 +78,10 @@ class EngineCore:
         batch_size = len(running)
         if running:
             by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
-            try:
-                slots, logits = self.runner.decode({slot: seq.output_ids[-1] for slot, seq in by_slot.items()})
-            except Exception as exc:  # a failed forward ends the batch, not the server
-                logger.exception("decode step failed")
-                outputs.extend(self._fail(list(running.values()), exc))
-                return outputs
-            self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
+            decoded = self._decode(by_slot, outputs)
+            if decoded is not None:
+                slots, logits = decoded
+                self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
         self._observer.on_step(
             StepStats(
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
@@ -127,12 +124,45 @@ class EngineCore:
             admitted.append((seq, logits))
         return admitted
 
+    def _decode(
+        self, by_slot: dict[int, Sequence], outputs: list[RequestOutput]
+    ) -> tuple[list[int], torch.Tensor] | None:
+        """One batched step. A row that makes it fail is ended alone and the step is redone for the others.
+
+        `by_slot` loses the rows that were ended. Returns None when no row is left.
+        """
+        while by_slot:
+            last_tokens = {slot: seq.output_ids[-1] for slot, seq in by_slot.items()}
+            try:
+                return self.runner.decode(last_tokens)
+            except Exception as exc:
+                logger.exception("decode step failed; probing its %d rows one by one", len(by_slot))
+                failing = self._failing_alone(last_tokens)
+                if not failing:  # no single row reproduces it: a failure of the step itself
+                    failing = dict.fromkeys(by_slot, exc)
+                for slot, error in failing.items():
+                    outputs.extend(self._fail([by_slot.pop(slot)], error))
+        return None
+
+    def _failing_alone(self, last_tokens: dict[int, int]) -> dict[int, Exception]:
+        failing: dict[int, Exception] = {}
+        for slot, token in last_tokens.items():
+            try:
+                self.runner.probe({slot: token})
+            except Exception as exc:
+                failing[slot] = exc
+        return failing
+
     def _sample(
         self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput], gaps: list[float]
     ) -> None:
-        result = self._sampler(logits, [seq.sampler_row for seq in seqs])
-        for seq, token_id, logprob in zip(seqs, result.token_ids, result.logprobs, strict=True):
-            output = seq.append(token_id, logprob)
+        for seq, token_id, logprob in self._draw(logits, seqs, outputs):
+            try:
+                output = seq.append(token_id, logprob)
+            except Exception as exc:  # e.g. detokenizing: that row's failure only
+                logger.exception("request %s failed after sampling", seq.request_id)
+                outputs.extend(self._fail([seq], exc))
+                continue
             outputs.append(output)
             if seq.last_gap_s is not None:
                 gaps.append(seq.last_gap_s)
@@ -140,6 +170,32 @@ class EngineCore:
                 self.scheduler.remove(seq.request_id)
                 self._release(seq)
                 self._finished(seq)
+
+    def _draw(
+        self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]
+    ) -> list[tuple[Sequence, int, tuple[float, list[tuple[int, float]]] | None]]:
+        """Samples every row at once; if that fails, row by row, ending only the rows that fail alone.
+
+        The random generators are rewound before the retry, so a seeded row draws what it would have drawn.
+        """
+        rows = [seq.sampler_row for seq in seqs]
+        states = [None if row.params.greedy else row.generator.get_state() for row in rows]
+        try:
+            result = self._sampler(logits, rows)
+            return list(zip(seqs, result.token_ids, result.logprobs, strict=True))
+        except Exception:
+            logger.exception("sampling failed; sampling its %d rows one by one", len(rows))
+        drawn = []
+        for i, (seq, row, state) in enumerate(zip(seqs, rows, states, strict=True)):
+            if state is not None:
+                row.generator.set_state(state)
+            try:
+                alone = self._sampler(logits[i : i + 1], [row])
+            except Exception as exc:
+                outputs.extend(self._fail([seq], exc))
+                continue
+            drawn.append((seq, alone.token_ids[0], alone.logprobs[0]))
+        return drawn
 
     def _release(self, seq: Sequence) -> None:
         if seq.slot is not None:

@@ -57,6 +57,13 @@ class ModelRunner(Protocol):
         """
         ...
 
+    def probe(self, last_tokens: Mapping[int, int]) -> None:
+        """Runs `decode`'s step for some rows only and keeps nothing of it; raises what `decode` would for them.
+
+        The engine calls it after a failed `decode` to find the rows that cause the failure.
+        """
+        ...
+
     def release(self, slot: int) -> None:
         """Frees a row at once; its slot may be reused by the next prefill."""
         ...

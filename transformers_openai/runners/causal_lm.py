@@ -47,10 +47,21 @@ class CausalLMRunner:
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
         order = self._slots.order()
+        logits = self._step(order, last_tokens)
+        self._cache.advance(1)
+        return order, logits
+
+    @torch.inference_mode()
+    def probe(self, last_tokens: Mapping[int, int]) -> None:
+        order = [slot for slot in self._slots.order() if slot in last_tokens]
+        with self._cache.selecting([self._slots.pos(slot) for slot in order]):
+            self._step(order, last_tokens)
+
+    def _step(self, order: list[int], last_tokens: Mapping[int, int]) -> torch.Tensor:
         cache = self._cache
         cache.ensure_room(1)
         input_ids = torch.tensor([[last_tokens[slot]] for slot in order], device=self.device)
-        position_ids = torch.tensor([[n] for n in cache.lens], device=self.device)
+        position_ids = torch.tensor([[n] for n in cache.active_lens], device=self.device)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -58,8 +69,8 @@ class CausalLMRunner:
             past_key_values=cache,
             use_cache=True,
         )
-        cache.advance(1)
-        return order, out.logits[:, -1].float()
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits
 
     @torch.inference_mode()
     def release(self, slot: int) -> None:

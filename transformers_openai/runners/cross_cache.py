@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from transformers_openai.runners.kv_cache import OwnedLayer, grow_columns, zero_buffers
+from transformers_openai.runners.kv_cache import OwnedLayer, RowSelection, grow_columns, zero_buffers
 
 
 class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
@@ -37,7 +37,7 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
         return int(self._owner.width)
 
 
-class CrossKVCache(Cache):
+class CrossKVCache(Cache, RowSelection):
     """Buffers `[max_rows, heads, capacity, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
 
     Row positions follow the self-attention cache's: a row is appended at the end and the last row
@@ -62,12 +62,12 @@ class CrossKVCache(Cache):
         return max(self.lens, default=0)
 
     def view(self, buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
-        return buffers[layer][: self.rows, :, : self.width]
+        return buffers[layer][self.active_rows(self.rows, buffers[layer].device), :, : self.width]
 
     def encoder_mask(self) -> torch.Tensor:
         device = self.k[0].device
         columns = torch.arange(self.width, device=device).unsqueeze(0)
-        return (columns < torch.tensor(self.lens, device=device).unsqueeze(1)).long()
+        return (columns < torch.tensor(self.active_lens, device=device).unsqueeze(1)).long()
 
     def insert(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         length = layers[0][0].shape[-2]

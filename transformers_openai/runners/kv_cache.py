@@ -7,6 +7,8 @@ is kept apart and turned into the attention mask and position ids by the runner.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -56,6 +58,38 @@ class _SlotLayer(OwnedLayer):  # type: ignore[no-untyped-call]
         return int(self._owner.length)
 
 
+class RowSelection:
+    """Lets a step run over some rows only, to probe them after a failed batched step.
+
+    A probe writes only the uncommitted next column and never advances the cache: the next real
+    step overwrites what it wrote, so probing leaves every row as it was.
+    """
+
+    lens: list[int]
+    _selected: list[int] | None = None  # row positions a probe step runs over; None: every row
+
+    @contextmanager
+    def selecting(self, positions: list[int]) -> Iterator[None]:
+        self._selected = positions
+        try:
+            yield
+        finally:
+            self._selected = None
+
+    @property
+    def active_lens(self) -> list[int]:
+        """The lengths of the rows the next step runs over."""
+        if self._selected is None:
+            return self.lens
+        return [self.lens[pos] for pos in self._selected]
+
+    def active_rows(self, rows: int, device: torch.device) -> slice | torch.Tensor:
+        """An index over the first dimension of the buffers: the rows the next step runs over."""
+        if self._selected is None:
+            return slice(0, rows)
+        return torch.tensor(self._selected, device=device)
+
+
 def zero_buffers(like: torch.Tensor, layers: int, rows: int, capacity: int) -> list[torch.Tensor]:
     """One `[rows, heads, capacity, head_dim]` zero buffer per layer, shaped and typed like `like`."""
     shape = (rows, like.shape[1], capacity, like.shape[3])
@@ -70,7 +104,7 @@ def grow_columns(buffers: list[torch.Tensor], capacity: int, keep: int) -> None:
         buffers[layer] = grown
 
 
-class BatchKVCache(Cache):
+class BatchKVCache(Cache, RowSelection):
     """K/V buffers `[max_rows, kv_heads, capacity, head_dim]` per layer; rows 0..rows-1 are in use.
 
     Joining writes a prefilled row into the next free position; leaving moves the last row into the
@@ -93,9 +127,11 @@ class BatchKVCache(Cache):
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = key.shape[-2]
         end = self.length + n
-        self._k[layer][: self.rows, :, self.length : end] = key
-        self._v[layer][: self.rows, :, self.length : end] = value
-        return self._k[layer][: self.rows, :, :end], self._v[layer][: self.rows, :, :end]
+        rows = self.active_rows(self.rows, key.device)
+        self._k[layer][rows, :, self.length : end] = key
+        self._v[layer][rows, :, self.length : end] = value
+        return self._k[layer][rows, :, :end], self._v[layer][rows, :, :end]
+
 
     def advance(self, n: int = 1) -> None:
         """Records that the step just run appended `n` columns to every row."""
@@ -150,7 +186,7 @@ class BatchKVCache(Cache):
         """`[rows, length + extra]` mask: 1 on each row's real tokens and on the `extra` new ones."""
         device = self._k[0].device
         columns = torch.arange(self.length + extra, device=device).unsqueeze(0)
-        starts = torch.tensor([self.length - n for n in self.lens], device=device).unsqueeze(1)
+        starts = torch.tensor([self.length - n for n in self.active_lens], device=device).unsqueeze(1)
         return (columns >= starts).long()
 
     # -- buffer housekeeping

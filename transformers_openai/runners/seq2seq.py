@@ -54,13 +54,29 @@ class Seq2SeqRunner:
             use_cache=True,
         )
         pos = self._self_cache.insert(layer_tensors(own_cache.self_attention_cache))
-        if self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache)) != pos:
-            raise RuntimeError("self- and cross-attention rows out of step")
+        try:
+            if self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache)) != pos:
+                raise RuntimeError("self- and cross-attention rows out of step")
+        except Exception:
+            self._self_cache.remove(pos)  # the row's two halves join together or not at all
+            raise
         return self._slots.add(pos), out.logits[0, -1].float()
 
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
         order = self._slots.order()
+        logits = self._step(order, last_tokens)
+        self._self_cache.advance(1)
+        return order, logits
+
+    @torch.inference_mode()
+    def probe(self, last_tokens: Mapping[int, int]) -> None:
+        order = [slot for slot in self._slots.order() if slot in last_tokens]
+        positions = [self._slots.pos(slot) for slot in order]
+        with self._self_cache.selecting(positions), self._cross_cache.selecting(positions):
+            self._step(order, last_tokens)
+
+    def _step(self, order: list[int], last_tokens: Mapping[int, int]) -> torch.Tensor:
         self_cache, cross_cache = self._self_cache, self._cross_cache
         self_cache.ensure_room(1)
         rows = len(order)
@@ -78,8 +94,8 @@ class Seq2SeqRunner:
             past_key_values=cache,
             use_cache=True,
         )
-        self_cache.advance(1)
-        return order, out.logits[:, -1].float()
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits
 
     @torch.inference_mode()
     def release(self, slot: int) -> None:
