@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.errors import EngineOverloaded, TooManySequences
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.runners.causal_lm import CausalLMRunner
@@ -87,5 +87,47 @@ async def test_a_request_the_core_rejects_fails_alone(parts: tuple[Any, Any], mo
         assert bad_outputs[-1].finish_reason == FinishReason.ERROR and "cannot take" in (bad_outputs[-1].error or "")
         assert good_outputs[-1].finish_reason == FinishReason.LENGTH
         assert engine.running and engine.stats().in_flight == 0
+    finally:
+        await engine.stop()
+
+
+async def test_a_consumer_that_stops_reading_is_ended_and_frees_its_row(parts: tuple[Any, Any]) -> None:
+    model, tokenizer = parts
+    runner = CausalLMRunner(model, max_rows=2, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(2, 1), frozenset({tokenizer.eos_token_id}))
+    engine = AsyncEngine(core, max_pending_outputs=5)
+    await engine.start()
+    try:
+        idle, reader = engine.submit([request("idle", max_tokens=300), request("reader", max_tokens=40)])
+        async with asyncio.timeout(60):
+            read = await drain(reader)  # read as it comes: never more than a few outputs behind
+            while engine.stats().in_flight or engine.stats().rows_in_use:
+                await asyncio.sleep(0.02)
+            outputs = await drain(idle)
+        assert read[-1].finish_reason == FinishReason.LENGTH and read[-1].completion_tokens == 40
+        assert len(outputs) == 1  # what it never took was dropped, not kept
+        assert outputs[0].finish_reason == FinishReason.ERROR and outputs[0].error_kind == ErrorKind.STALLED
+        assert engine.stats().rows_in_use == 0
+    finally:
+        await engine.stop()
+
+
+async def test_fail_in_flight_ends_every_request_with_a_shutdown_error_and_frees_the_rows(
+    parts: tuple[Any, Any],
+) -> None:
+    engine = make_engine(parts)
+    await engine.start()
+    try:
+        streams = engine.submit([request(f"long{i}", max_tokens=400) for i in range(3)])  # 2 running, 1 queued
+        first = await anext(streams[0])
+        assert not first.finished
+        assert engine.fail_in_flight("the server is shutting down") == 3
+        async with asyncio.timeout(30):
+            ends = [(await drain(stream))[-1] for stream in streams]
+            while engine.stats().rows_in_use or engine.stats().running or engine.stats().waiting:
+                await asyncio.sleep(0.02)
+        assert all(end.finish_reason == FinishReason.ERROR and end.error_kind == ErrorKind.SHUTDOWN for end in ends)
+        assert all(end.error == "the server is shutting down" for end in ends)
+        assert engine.stats().in_flight == 0
     finally:
         await engine.stop()

@@ -14,6 +14,10 @@ from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishR
 
 logger = logging.getLogger(__name__)
 
+# Outputs one request may have waiting for its consumer. A consumer that is this far behind (a client
+# that stopped reading) is ended and its row freed, so memory per request stays bounded.
+DEFAULT_MAX_PENDING_OUTPUTS = 2048
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -30,8 +34,9 @@ class AsyncEngine:
     come back with `loop.call_soon_threadsafe` into a per-request queue, one hop per engine step.
     """
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS) -> None:
         self._core = core
+        self._max_pending = max_pending_outputs
         self._cv = threading.Condition()
         # Handed from the event loop to the engine thread under `_cv`; applied between steps.
         self._new: list[EngineRequest] = []
@@ -111,26 +116,31 @@ class AsyncEngine:
         Each stream gets a final `ErrorKind.SHUTDOWN` output, so clients are told why they were cut
         off; the engine thread frees the rows at its next step boundary. Returns how many were ended.
         """
-        ended = list(self._streams.items())
-        self._streams.clear()
-        for request_id, queue in ended:
-            queue.put_nowait(
-                RequestOutput(
-                    request_id=request_id,
-                    text="",
-                    token_ids=[],
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    finish_reason=FinishReason.ERROR,
-                    error=message,
-                    error_kind=ErrorKind.SHUTDOWN,
-                )
-            )
-        if ended:
-            with self._cv:
-                self._aborted.extend(request_id for request_id, _ in ended)
-                self._cv.notify()
+        ended = list(self._streams)
+        for request_id in ended:
+            self._end(request_id, message, ErrorKind.SHUTDOWN)
         return len(ended)
+
+    def _end(self, request_id: str, message: str, kind: ErrorKind) -> None:
+        """Ends a request from the event loop: its consumer gets one final error output, the engine frees its row."""
+        queue = self._streams.pop(request_id)
+        while not queue.empty():  # what it did not take is dropped: the error says why
+            queue.get_nowait()
+        queue.put_nowait(
+            RequestOutput(
+                request_id=request_id,
+                text="",
+                token_ids=[],
+                prompt_tokens=0,
+                completion_tokens=0,
+                finish_reason=FinishReason.ERROR,
+                error=message,
+                error_kind=kind,
+            )
+        )
+        with self._cv:
+            self._aborted.append(request_id)
+            self._cv.notify()
 
     async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput]) -> AsyncIterator[RequestOutput]:
         finished = False
@@ -150,6 +160,14 @@ class AsyncEngine:
                 continue  # aborted meanwhile
             if output.finished:
                 del self._streams[output.request_id]
+            elif queue.qsize() >= self._max_pending:
+                logger.warning(
+                    "request %s: its consumer is %d outputs behind (client not reading); aborted",
+                    output.request_id, queue.qsize(), extra={"request_id": output.request_id},
+                )
+                self._end(output.request_id, "the client stopped reading the response", ErrorKind.STALLED)
+                self._core.observer.on_stream_stalled()
+                continue
             queue.put_nowait(output)
 
     def _add(self, request: EngineRequest) -> None:

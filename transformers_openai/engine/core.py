@@ -36,7 +36,7 @@ class EngineCore:
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
         self._sampler = Sampler()
-        self._observer: EngineObserver = observer or NullObserver()
+        self.observer: EngineObserver = observer or NullObserver()
 
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
@@ -82,7 +82,7 @@ class EngineCore:
             if decoded is not None:
                 slots, logits = decoded
                 self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
-        self._observer.on_step(
+        self.observer.on_step(
             StepStats(
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
                 waiting=len(self.scheduler.waiting),
@@ -204,7 +204,7 @@ class EngineCore:
 
     def _finished(self, seq: Sequence, client_disconnected: bool = False) -> None:
         stats = seq.stats(client_disconnected)
-        self._observer.on_finished(stats)
+        self.observer.on_finished(stats)
         if client_disconnected:
             logger.warning(
                 "request %s aborted after %d tokens: client disconnected",

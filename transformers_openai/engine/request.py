@@ -18,10 +18,11 @@ class FinishReason(str, enum.Enum):
 
 
 class ErrorKind(str, enum.Enum):
-    """Why a request ended with `FinishReason.ERROR`: a fault of the engine, or the server going down."""
+    """Why a request ended with `FinishReason.ERROR`."""
 
-    INTERNAL = "internal"
-    SHUTDOWN = "shutdown"
+    INTERNAL = "internal"  # a fault of the engine
+    SHUTDOWN = "shutdown"  # the server is going down
+    STALLED = "stalled"  # its consumer stopped taking the outputs
 
 
 @dataclass(frozen=True)

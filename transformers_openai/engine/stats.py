@@ -38,10 +38,15 @@ class EngineObserver(Protocol):
 
     def on_finished(self, request: FinishedRequest) -> None: ...
 
+    def on_stream_stalled(self) -> None: ...
+
 
 class NullObserver:
     def on_step(self, stats: StepStats) -> None:
         return None
 
     def on_finished(self, request: FinishedRequest) -> None:
+        return None
+
+    def on_stream_stalled(self) -> None:
         return None
