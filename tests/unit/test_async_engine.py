@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,5 +130,22 @@ async def test_fail_in_flight_ends_every_request_with_a_shutdown_error_and_frees
         assert all(end.finish_reason == FinishReason.ERROR and end.error_kind == ErrorKind.SHUTDOWN for end in ends)
         assert all(end.error == "the server is shutting down" for end in ends)
         assert engine.stats().in_flight == 0
+    finally:
+        await engine.stop()
+
+
+async def test_a_continuation_is_admitted_at_capacity(parts: tuple[Any, Any]) -> None:
+    engine = make_engine(parts, running=1, waiting=0)
+    await engine.start()
+    try:
+        first = engine.submit([request("first", max_tokens=30)])[0]
+        with pytest.raises(EngineOverloaded):
+            engine.submit([request("newcomer")])
+        window = replace(request("window-2", max_tokens=4), continuation=True)
+        async with asyncio.timeout(60):
+            outputs = await drain(engine.submit([window])[0])
+            await drain(first)
+        assert outputs[-1].finish_reason == FinishReason.LENGTH
+        assert outputs[0].info is None  # a causal runner learns nothing at prefill to report
     finally:
         await engine.stop()

@@ -39,6 +39,7 @@ class FaultyRunner:
         self.poisoned_slot: int | None = None
         self.max_rows, self.max_model_len = inner.max_rows, inner.max_model_len
         self.prompt_in_decoder = inner.prompt_in_decoder
+        self.logits_processors = inner.logits_processors
         self.probes = 0
 
     def output_limit(self, prompt_len: int) -> int:

@@ -168,3 +168,25 @@ def test_logprobs_are_raw_and_top_n_sorted() -> None:
     assert chosen == pytest.approx(raw[1, forced].item(), abs=1e-5)  # before the bias
     assert top == []
     assert result.logprobs[2] is None
+
+
+def test_model_kind_processors_rule_the_distribution_before_logprobs_and_sampling() -> None:
+    banned = [3, 4, 5]
+    seen_rows: list[int] = []
+
+    def ban_some(logits: torch.Tensor, rows) -> None:  # type: ignore[no-untyped-def]
+        seen_rows.append(len(rows))
+        logits[:, banned] = float("-inf")
+
+    logits = logits_for(3)
+    logits[:, 4] = 50.0  # the model's favourite, but the processor bans it
+    sampler = Sampler([ban_some])
+    result = sampler(logits.clone(), [row(temperature=0.0, logprobs=2), row(seed=1), row(seed=2, top_k=4)])
+    assert seen_rows == [3]
+    assert not set(result.token_ids) & set(banned)
+    chosen, top = result.logprobs[0]  # type: ignore[misc]
+    ruled = logits[0].clone()
+    ruled[banned] = float("-inf")
+    expected = torch.log_softmax(ruled, dim=-1)
+    assert chosen == pytest.approx(float(expected.max()), abs=1e-5)
+    assert [t for t, _ in top] == expected.topk(2).indices.tolist()

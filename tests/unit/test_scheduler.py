@@ -109,3 +109,17 @@ def test_has_work_and_capacity(make) -> None:
     assert scheduler.has_work()
     scheduler.remove("a")
     assert not scheduler.has_work()
+
+
+def test_a_continuation_goes_to_the_head_of_the_queue(tokenizer) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=4)
+
+    def seq(request_id: str, continuation: bool = False) -> Sequence:
+        request = EngineRequest(request_id, [100, 101], SamplingParams(max_tokens=4), continuation=continuation)
+        return Sequence(request, tokenizer, frozenset({tokenizer.eos_token_id}), max_total_len=64)
+
+    scheduler.add(seq("running"))
+    assert admit(scheduler) == ["running"]
+    for s in (seq("first"), seq("second"), seq("window-2", continuation=True)):
+        scheduler.add(s)
+    assert list(scheduler.waiting) == ["window-2", "first", "second"]

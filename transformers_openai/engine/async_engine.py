@@ -82,7 +82,8 @@ class AsyncEngine:
             raise TooManySequences(
                 f"this request needs {len(requests)} sequences but the server holds at most {capacity} at once"
             )
-        if len(self._streams) + len(requests) > capacity:
+        fresh = sum(not request.continuation for request in requests)
+        if fresh and len(self._streams) + len(requests) > capacity:
             raise EngineOverloaded(
                 f"server is at capacity ({capacity} requests running or queued); retry later", retry_after_s=1
             )

@@ -35,7 +35,7 @@ class EngineCore:
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
-        self._sampler = Sampler()
+        self._sampler = Sampler(runner.logits_processors)
         self.observer: EngineObserver = observer or NullObserver()
 
     def add(self, request: EngineRequest) -> None:

@@ -34,12 +34,15 @@ class EngineRequest:
         prompt_token_ids: the model input (decoder prompt, or encoder input for seq2seq models).
         params: sampling and stopping.
         model_inputs: extra tensors a runner needs (e.g. audio features); opaque to the engine.
+        continuation: the next part of a request already being served (e.g. the next 30 s window of a long
+            transcription): admitted even at capacity, ahead of the queue, so a long job never gets a 429 half-way.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     model_inputs: Mapping[str, Any] = field(default_factory=dict)
+    continuation: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     error_kind: ErrorKind = ErrorKind.INTERNAL
+    info: Mapping[str, float] | None = None  # what the runner learned at prefill (e.g. no_speech_prob), once
 
     @property
     def finished(self) -> bool:

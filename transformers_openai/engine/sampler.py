@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.runners.base import LogitsProcessor
 
 
 @dataclass
@@ -31,11 +33,17 @@ class Sampler:
     """Applies biases, penalties, temperature, top-k, top-p and min-p per row, then draws each row's token.
 
     Each row draws its uniform number from its own `torch.Generator`, so a seeded request gives the
-    same tokens whatever else shares its batch. Logprobs are those of the model's raw distribution.
+    same tokens whatever else shares its batch. Logprobs are those of the model's distribution after the
+    model kind's own rules (`processors`), before any request's sampling settings.
     """
+
+    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
+        self._processors = tuple(processors)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SampleResult:
         logits = logits.float()
+        for processor in self._processors:
+            processor(logits, rows)
         raw_logprobs = self._raw_logprobs(logits, rows)
         logits = self._adjust(logits.clone(), rows)
         chosen = self._draw(logits, rows)

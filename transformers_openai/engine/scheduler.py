@@ -31,6 +31,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting[seq.request_id] = seq
+        if seq.request.continuation:  # the next part of a request already served: before the newcomers
+            self.waiting.move_to_end(seq.request_id, last=False)
 
     def prefill_plan(self) -> list[tuple[Sequence, int]]:
         """This step's prefill work: (sequence, prompt tokens to process), oldest first.

@@ -96,6 +96,7 @@ class Sequence:
             completion_tokens=len(self.output_ids),
             logprobs=logprobs,
             finish_reason=self.finish_reason,
+            info=(self.prefill.info or None) if len(self.output_ids) == 1 else None,
         )
 
     def stats(self, client_disconnected: bool = False) -> FinishedRequest:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,10 +17,30 @@ class PrefillJob:
     model_inputs: Mapping[str, Any] = field(default_factory=dict)
     done: int = 0  # prompt tokens processed so far
     state: Any = None  # the runner's partial cache between chunks
+    info: dict[str, float] = field(default_factory=dict)  # what the runner learned while prefilling (reported once)
 
     @property
     def remaining(self) -> int:
         return len(self.prompt_token_ids) - self.done
+
+
+class RowTokens(Protocol):
+    """What a logits processor may read about one row: its prompt and the tokens sampled so far."""
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
+
+    @property
+    def output_ids(self) -> list[int]: ...
+
+
+class LogitsProcessor(Protocol):
+    """A model kind's decoding rule, applied in place to the whole batch's logits `[rows, vocab]` at once.
+
+    It runs before anything else in sampling, so the reported logprobs are those of the ruled distribution.
+    """
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[RowTokens]) -> None: ...
 
 
 class ModelRunner(Protocol):
@@ -34,6 +54,8 @@ class ModelRunner(Protocol):
     max_model_len: int
     # Whether the prompt is the start of the generated sequence (decoder-only) or a separate input (encoder).
     prompt_in_decoder: bool
+    # The model kind's own decoding rules (e.g. Whisper's timestamp rules), applied to every step's logits.
+    logits_processors: Sequence[LogitsProcessor]
 
     def output_limit(self, prompt_len: int) -> int:
         """Most tokens a request with this prompt length may generate."""

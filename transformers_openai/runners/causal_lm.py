@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from transformers_openai.runners.base import PrefillJob
+from transformers_openai.runners.base import LogitsProcessor, PrefillJob
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
@@ -16,6 +16,7 @@ class CausalLMRunner:
     """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
 
     prompt_in_decoder = True
+    logits_processors: Sequence[LogitsProcessor] = ()
 
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int) -> None:
         self.model = model

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import PrefillJob
+from transformers_openai.runners.base import LogitsProcessor, PrefillJob
 from transformers_openai.runners.cross_cache import CrossKVCache
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
@@ -22,6 +22,7 @@ class Seq2SeqRunner:
     """
 
     prompt_in_decoder = False
+    logits_processors: Sequence[LogitsProcessor] = ()
 
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, max_input_len: int) -> None:
         self.model = model
