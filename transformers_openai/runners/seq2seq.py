@@ -44,16 +44,26 @@ class Seq2SeqRunner:
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
-        input_ids = torch.tensor([job.prompt_token_ids], device=self.device)
         job.done = len(job.prompt_token_ids)
-        encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        logits = self._prefill_forward(job, own_cache)
+        return self._join(own_cache), logits
+
+    def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
+        """Encodes the request and runs the decoder's first step into `own_cache`; returns next-token logits."""
+        input_ids = torch.tensor([job.prompt_token_ids], device=self.device)
+        encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
         out = self.model(
             encoder_outputs=encoder_outputs,
             decoder_input_ids=torch.tensor([[self._start_token]], device=self.device),
             past_key_values=own_cache,
             use_cache=True,
         )
+        logits: torch.Tensor = out.logits[0, -1].float()
+        return logits
+
+    def _join(self, own_cache: EncoderDecoderCache) -> int:
+        """Moves a prefilled request's self- and cross-attention K/V into a new row; returns its slot."""
         pos = self._self_cache.insert(layer_tensors(own_cache.self_attention_cache))
         try:
             if self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache)) != pos:
@@ -61,7 +71,7 @@ class Seq2SeqRunner:
         except Exception:
             self._self_cache.remove(pos)  # the row's two halves join together or not at all
             raise
-        return self._slots.add(pos), out.logits[0, -1].float()
+        return self._slots.add(pos)
 
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
@@ -89,14 +99,18 @@ class Seq2SeqRunner:
         )
         out = self.model(
             encoder_outputs=(shape_only,),
-            attention_mask=cross_cache.encoder_mask(),
             decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
             decoder_attention_mask=self_cache.attention_mask(extra=1),
             past_key_values=cache,
             use_cache=True,
+            **self._step_inputs(),
         )
         logits: torch.Tensor = out.logits[:, -1].float()
         return logits
+
+    def _step_inputs(self) -> dict[str, torch.Tensor]:
+        """What the model kind's decode step needs beside the tokens and caches: T5 masks padded encoder columns."""
+        return {"attention_mask": self._cross_cache.encoder_mask()}
 
     @torch.inference_mode()
     def release(self, slot: int) -> None:

@@ -1,0 +1,109 @@
+"""WhisperRunner on a tiny random Whisper: windows batched under continuous batching give each window's own logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+from transformers_openai.runners.base import PrefillJob
+from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
+
+torch.set_num_threads(1)
+
+SOT, EOT, NO_CAPTIONS, NO_TIMESTAMPS, PREV = 50, 51, 59, 60, 49
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def model() -> WhisperForConditionalGeneration:
+    config = WhisperConfig(
+        vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=SOT,
+        eos_token_id=EOT, pad_token_id=EOT, bos_token_id=EOT,
+    )
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig.from_model_config(config)
+    model.generation_config.no_timestamps_token_id = NO_TIMESTAMPS
+    return model
+
+
+def window(seed: int) -> torch.Tensor:
+    return torch.randn(80, WINDOW_FRAMES, generator=torch.Generator().manual_seed(seed))
+
+
+WINDOWS = [
+    (window(1), [SOT, NO_TIMESTAMPS]),
+    (window(2), [PREV, 7, 8, 9, SOT]),  # a carried prompt, timestamps on
+    (window(3), [SOT]),
+    (window(4), [PREV, 3, SOT, NO_TIMESTAMPS]),
+]
+
+
+@torch.inference_mode()
+def reference(model: WhisperForConditionalGeneration, features: torch.Tensor, prefix: list[int], feed: list[int]):
+    """Logits of every step of one window alone, without any cache, teacher-forced with `feed`."""
+    logits, tokens = [], list(prefix)
+    for token in [None, *feed]:
+        if token is not None:
+            tokens.append(token)
+        out = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([tokens]))
+        logits.append(out.logits[0, -1])
+    return logits
+
+
+@torch.inference_mode()
+def test_windows_joining_at_different_steps_each_get_their_own_logits(model) -> None:
+    runner = WhisperRunner(model, max_rows=4)
+    jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS]
+    fed: dict[int, list[int]] = {}
+    seen: dict[int, list[torch.Tensor]] = {}
+    slot_of: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for step in range(STEPS + 2 * len(WINDOWS)):
+        if step % 2 == 0 and step // 2 < len(WINDOWS):  # a new window joins every other step
+            i = step // 2
+            result = runner.prefill(jobs[i], 10_000)
+            assert result is not None
+            slot_of[i], first = result
+            seen[i], fed[i] = [first], []
+            last[slot_of[i]] = int(first.argmax())
+        live = {slot: token for slot, token in last.items()}
+        if not live:
+            continue
+        order, logits = runner.decode(live)
+        for row, slot in enumerate(order):
+            i = next(k for k, s in slot_of.items() if s == slot)
+            fed[i].append(live[slot])
+            seen[i].append(logits[row])
+            last[slot] = int(logits[row].argmax())
+        for i, s in list(slot_of.items()):
+            if len(fed[i]) >= STEPS and s in last:
+                runner.release(s)
+                del last[s]
+    assert runner.rows_in_use() == 0
+    for i, (features, prefix) in enumerate(WINDOWS):
+        expected = reference(model, features, prefix, fed[i][:STEPS])
+        for step, (got, want) in enumerate(zip(seen[i], expected, strict=False)):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-4, msg=f"window {i} step {step}")
+
+
+@torch.inference_mode()
+def test_no_speech_probability_is_read_after_the_start_of_transcript(model) -> None:
+    runner = WhisperRunner(model, max_rows=2)
+    features, prefix = WINDOWS[1]
+    job = PrefillJob(prefix, {"input_features": features})
+    runner.prefill(job, 10_000)
+    out = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([prefix]))
+    at_sot = out.logits[0, prefix.index(SOT)].softmax(-1)
+    assert job.info["no_speech_prob"] == pytest.approx(float(at_sot[NO_CAPTIONS]), abs=1e-6)
+    assert runner.output_limit(len(prefix)) == 448 - len(prefix)
+
+
+def test_a_window_of_the_wrong_length_is_refused(model) -> None:
+    runner = WhisperRunner(model, max_rows=1)
+    with pytest.raises(ValueError, match="3000"):
+        runner.prefill(PrefillJob([SOT], {"input_features": torch.zeros(80, 100)}), 10_000)
+    assert runner.rows_in_use() == 0

@@ -1,0 +1,79 @@
+"""Runner for Whisper (WhisperForConditionalGeneration): one row per 30 s window of audio."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import EncoderDecoderCache, PreTrainedModel
+
+from transformers_openai.runners.base import LogitsProcessor, PrefillJob
+from transformers_openai.runners.seq2seq import Seq2SeqRunner
+
+# Mel frames the encoder takes: one 30 s window.
+WINDOW_FRAMES = 3000
+
+
+class WhisperRunner(Seq2SeqRunner):
+    """Encodes a window's log-mel features once at admission; its forced prefix is the decoder's prompt.
+
+    Each row keeps its window's cross-attention K/V (all encoder positions are real audio, no mask) and
+    its decoder self-attention K/V; Whisper's learned positions need each row's own position id.
+    A request's `model_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
+    (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`).
+    """
+
+    prompt_in_decoder = True
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        max_rows: int,
+        logits_processors: Sequence[LogitsProcessor] = (),
+    ) -> None:
+        config = model.config
+        super().__init__(model, max_rows, int(config.max_target_positions), int(config.max_source_positions))
+        self.logits_processors = logits_processors
+        generation = model.generation_config
+        self._sot = int(generation.decoder_start_token_id)
+        self._no_speech = _no_speech_token(generation)
+
+    def output_limit(self, prompt_len: int) -> int:
+        return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
+
+    def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
+        features = torch.as_tensor(job.model_inputs["input_features"], device=self.device, dtype=self.model.dtype)
+        if features.dim() == 2:
+            features = features.unsqueeze(0)
+        if features.shape[-1] != WINDOW_FRAMES:
+            raise ValueError(f"Whisper takes windows of {WINDOW_FRAMES} mel frames, got {features.shape[-1]}")
+        prefix = job.prompt_token_ids
+        out = self.model.model(
+            input_features=features,
+            decoder_input_ids=torch.tensor([prefix], device=self.device),
+            past_key_values=own_cache,
+            use_cache=True,
+        )
+        # Logits only where they are read: after <|startoftranscript|> (no-speech) and after the prefix.
+        sot_index = prefix.index(self._sot) if self._sot in prefix else 0
+        hidden = out.last_hidden_state[0, [sot_index, len(prefix) - 1]]
+        head: torch.nn.Module = self.model.get_output_embeddings()  # type: ignore[no-untyped-call]
+        logits = head(hidden).float()
+        if self._no_speech is not None:
+            job.info["no_speech_prob"] = float(logits[0].softmax(-1)[self._no_speech])
+        next_logits: torch.Tensor = logits[1]
+        return next_logits
+
+    def _step_inputs(self) -> dict[str, torch.Tensor]:
+        positions = torch.tensor([[n] for n in self._self_cache.active_lens], device=self.device)
+        return {"decoder_position_ids": positions}
+
+
+def _no_speech_token(generation_config: object) -> int | None:
+    """The `<|nospeech|>` (older vocabularies: `<|nocaptions|>`) token, if the generation config names it."""
+    token = getattr(generation_config, "no_speech_token_id", None)
+    if token is None:
+        # English-only vocabularies put <|nocaptions|> just before <|notimestamps|>.
+        no_timestamps = getattr(generation_config, "no_timestamps_token_id", None)
+        token = None if no_timestamps is None else int(no_timestamps) - 1
+    return None if token is None else int(token)
