@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig
+from transformers import (
+    AutoConfig,
+    AutoFeatureExtractor,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    WhisperForConditionalGeneration,
+)
 
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
@@ -17,8 +28,10 @@ from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
-from transformers_openai.serving.context import ServingContext
+from transformers_openai.runners.whisper import WhisperRunner
+from transformers_openai.serving.context import Capability, ServingContext, SpeechModel
 from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -93,26 +106,22 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
     config = AutoConfig.from_pretrained(settings.model, **source)
     kind = detect_kind(config, settings.model_kind)
-    if kind not in _MODEL_CLASSES:
-        raise NotImplementedError(f"model kind '{kind}' is not served yet")
+    spec = MODEL_KINDS[kind]
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
-    model = _MODEL_CLASSES[kind].from_pretrained(
+    model = spec.model_class.from_pretrained(
         settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
     )
     if not settings.device_map:  # with a device map, accelerate has placed the layers already
         model.to(device)
     model.eval()
-    max_len = context_length(config, settings.max_model_len)
+    max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if kind == "seq2seq" else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
-    runner: ModelRunner
-    if kind == "seq2seq":
-        runner = Seq2SeqRunner(model, settings.max_batch_size, max_len, max_input_len or max_len)
-    else:
-        runner = CausalLMRunner(model, settings.max_batch_size, max_len)
+    runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len)
+    speech = _speech_model(settings, model, tokenizer) if Capability.SPEECH in spec.capabilities else None
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
@@ -128,7 +137,48 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         max_input_len=max_input_len,
         response_role=settings.response_role,
         default_max_tokens=settings.default_max_tokens,
+        capabilities=spec.capabilities,
+        speech=speech,
     )
 
 
-_MODEL_CLASSES: dict[str, Any] = {"causal-lm": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM}
+def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any) -> SpeechModel:
+    multilingual = bool(getattr(model.generation_config, "is_multilingual", True))
+    return SpeechModel(
+        feature_extractor=AutoFeatureExtractor.from_pretrained(settings.model),  # type: ignore[no-untyped-call]
+        tokens=WhisperTokens.from_tokenizer(tokenizer, multilingual),
+    )
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """Everything that differs between the kinds of model served: one entry each, in one place."""
+
+    model_class: Any
+    build_runner: Callable[[PreTrainedModel, int, int, int], ModelRunner]
+    capabilities: frozenset[Capability]
+    context_length: Callable[[PreTrainedModel, int | None], int]
+
+
+def _text_context(model: PreTrainedModel, requested: int | None) -> int:
+    return context_length(model.config, requested)
+
+
+def _decoder_positions(model: PreTrainedModel, requested: int | None) -> int:
+    native = int(model.config.max_target_positions)
+    return native if requested is None else min(requested, native)
+
+
+_TEXT = frozenset({Capability.TEXT})
+MODEL_KINDS: dict[str, ModelKind] = {
+    "causal-lm": ModelKind(
+        AutoModelForCausalLM, lambda m, rows, n, _: CausalLMRunner(m, rows, n), _TEXT, _text_context
+    ),
+    "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context),
+    "whisper": ModelKind(
+        WhisperForConditionalGeneration,
+        lambda m, rows, n, _: WhisperRunner(m, rows),
+        frozenset({Capability.SPEECH}),
+        _decoder_positions,
+    ),
+}
