@@ -149,3 +149,24 @@ async def test_a_continuation_is_admitted_at_capacity(parts: tuple[Any, Any]) ->
         assert outputs[0].info is None  # a causal runner learns nothing at prefill to report
     finally:
         await engine.stop()
+
+
+async def test_call_runs_on_the_engine_thread_between_steps_and_propagates_errors(parts: tuple[Any, Any]) -> None:
+    import threading
+
+    engine = make_engine(parts)
+    await engine.start()
+    try:
+        stream = engine.generate(request("busy", max_tokens=20))
+        threads = await engine.call(lambda runner: (threading.current_thread().name, runner.rows_in_use()))
+        assert threads[0] == "engine"
+
+        def fails(_: object) -> None:
+            raise ValueError("the caller's own failure")
+
+        with pytest.raises(ValueError, match="own failure"):
+            await engine.call(fails)
+        outputs = await drain(stream)  # the engine went on serving
+        assert outputs[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        await engine.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
@@ -25,6 +27,7 @@ def model() -> WhisperForConditionalGeneration:
     )
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).eval()
+    model.set_attn_implementation("sdpa")  # as served; the alignment test compares against eager
     model.generation_config = GenerationConfig.from_model_config(config)
     model.generation_config.no_timestamps_token_id = NO_TIMESTAMPS
     return model
@@ -106,4 +109,22 @@ def test_a_window_of_the_wrong_length_is_refused(model) -> None:
     runner = WhisperRunner(model, max_rows=1)
     with pytest.raises(ValueError, match="3000"):
         runner.prefill(PrefillJob([SOT], {"input_features": torch.zeros(80, 100)}), 10_000)
+    assert runner.rows_in_use() == 0
+
+
+@torch.inference_mode()
+def test_alignment_weights_equal_the_eager_cross_attention_of_the_alignment_heads(model) -> None:
+    model.generation_config.alignment_heads = [[1, 0], [1, 1], [0, 1]]
+    runner = WhisperRunner(model, max_rows=1)
+    features, prefix = WINDOWS[0]
+    tokens = [*prefix, 11, 12, 13, EOT]
+    weights = runner.alignment_weights(features, tokens)
+    eager = WhisperForConditionalGeneration(copy.deepcopy(model.config)).eval()
+    eager.load_state_dict(model.state_dict())
+    eager.set_attn_implementation("eager")
+    out = eager(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([tokens]), output_attentions=True)
+    expected = torch.stack([out.cross_attentions[layer][0, head] for layer, head in [(1, 0), (1, 1), (0, 1)]])
+    assert weights.shape == (3, len(tokens), 1500)
+    torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-5)
+    assert model.config._attn_implementation == "sdpa"  # the shared model is left as it was
     assert runner.rows_in_use() == 0

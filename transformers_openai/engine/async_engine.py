@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
+from transformers_openai.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Outputs one request may have waiting for its consumer. A consumer that is this far behind (a client
 # that stopped reading) is ended and its row freed, so memory per request stays bounded.
@@ -41,6 +46,7 @@ class AsyncEngine:
         # Handed from the event loop to the engine thread under `_cv`; applied between steps.
         self._new: list[EngineRequest] = []
         self._aborted: list[str] = []
+        self._calls: list[tuple[Callable[[ModelRunner], Any], concurrent.futures.Future[Any]]] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +116,17 @@ class AsyncEngine:
         with self._cv:
             self._aborted.append(request_id)
             self._cv.notify()
+
+    async def call(self, fn: Callable[[ModelRunner], T]) -> T:
+        """Runs `fn(runner)` on the engine thread between two steps (model work outside the batch, e.g. an
+        alignment pass) and returns its result; the model is never used by two threads at once."""
+        if not self.running:
+            raise EngineStopped("the engine is not running")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cv:
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return await asyncio.wrap_future(future)
 
     def fail_in_flight(self, message: str) -> int:
         """Ends every request in flight at once with a shutdown error (call on the event loop).
@@ -196,21 +213,30 @@ class AsyncEngine:
         core = self._core
         while True:
             with self._cv:
-                while not (self._new or self._aborted or core.has_work() or self._stopping):
+                while not (self._new or self._aborted or self._calls or core.has_work() or self._stopping):
                     self._cv.wait()
                 if self._stopping:
                     break
                 new, self._new = self._new, []
                 aborted, self._aborted = self._aborted, []
+                calls, self._calls = self._calls, []
+            for fn, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(core.runner))
+                    except Exception as exc:  # the caller's failure, not the engine's
+                        future.set_exception(exc)
             try:
                 for request in new:
                     self._add(request)
                 for request_id in aborted:  # after the adds: an abort may name a request submitted just before
                     core.abort(request_id)
-                outputs = core.step(publish=self._publish)
+                outputs = core.step(publish=self._publish) if core.has_work() else []
             except Exception as exc:  # keep serving: fail what was in flight and go on
                 logger.exception("engine step failed")
                 outputs = core.fail_all(exc)
             self._publish(outputs)
+        for _, future in self._calls:
+            future.cancel()
         if self._loop is not None and not self._loop.is_closed():
             self._publish(self._core.fail_all(EngineStopped("the engine stopped")))

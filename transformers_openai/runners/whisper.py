@@ -68,6 +68,57 @@ class WhisperRunner(Seq2SeqRunner):
         positions = torch.tensor([[n] for n in self._self_cache.active_lens], device=self.device)
         return {"decoder_position_ids": positions}
 
+    @torch.inference_mode()
+    def alignment_weights(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """Cross-attention of the alignment heads over one teacher-forced pass of `tokens` (for word times).
+
+        Returns `[heads, len(tokens), 1500]` attention probabilities: row i is what the decoder attends to
+        while reading `tokens[i]`. Computed from the heads' own queries and keys, captured with hooks, so it
+        needs no eager attention and leaves the shared model as it was. Runs outside the batch (no row).
+        """
+        heads = self._alignment_heads()
+        captured: dict[tuple[int, str], torch.Tensor] = {}
+        layers = self.model.model.decoder.layers
+        hooks = []
+        for layer in sorted({layer for layer, _ in heads}):
+            attention = layers[layer].encoder_attn
+            hooks += [_capture(getattr(attention, name), (layer, name), captured) for name in ("q_proj", "k_proj")]
+        try:
+            features = torch.as_tensor(features, device=self.device, dtype=self.model.dtype)
+            self.model.model(input_features=features.reshape(1, -1, WINDOW_FRAMES),
+                             decoder_input_ids=torch.tensor([tokens], device=self.device), use_cache=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        config = self.model.config
+        n_heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+        weights = []
+        for layer, head in heads:
+            q = captured[(layer, "q_proj")][0].view(-1, n_heads, head_dim)[:, head].float() * head_dim**-0.5
+            k = captured[(layer, "k_proj")][0].view(-1, n_heads, head_dim)[:, head].float()
+            weights.append((q @ k.T).softmax(dim=-1))
+        return torch.stack(weights)
+
+    def _alignment_heads(self) -> list[tuple[int, int]]:
+        """The model's alignment heads; without them, every head of the second half of the decoder layers."""
+        heads = getattr(self.model.generation_config, "alignment_heads", None)
+        if heads:
+            return [(int(layer), int(head)) for layer, head in heads]
+        config = self.model.config
+        layers = range(config.decoder_layers // 2, config.decoder_layers)
+        return [(layer, head) for layer in layers for head in range(config.decoder_attention_heads)]
+
+
+def _capture(
+    module: torch.nn.Module, key: tuple[int, str], into: dict[tuple[int, str], torch.Tensor]
+) -> torch.utils.hooks.RemovableHandle:
+    """Keeps the module's next output in `into[key]`."""
+
+    def keep(_: torch.nn.Module, __: object, out: torch.Tensor) -> None:
+        into[key] = out
+
+    return module.register_forward_hook(keep)
+
 
 def _no_speech_token(generation_config: object) -> int | None:
     """The `<|nospeech|>` (older vocabularies: `<|nocaptions|>`) token, if the generation config names it."""
