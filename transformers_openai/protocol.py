@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from transformers_openai.engine.sampling_params import SamplingParams
 
@@ -26,9 +26,28 @@ class ErrorResponse(BaseModel):
 # ---------------------------------------------------------------- requests
 
 
+MAX_STOP_STRINGS = 64
+# Below this, a temperature means greedy decoding (dividing logits by it would overflow), as vLLM does.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _valid_unicode(value: str) -> str:
+    """JSON escapes can carry lone UTF-16 surrogates, which no tokenizer (and no UTF-8 response) can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+    return value
+
+
+# Every string of a request: valid Unicode, never coerced from another type.
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
 class _Strict(BaseModel):
-    # Unknown fields are answered with a 400 that names them, never dropped silently.
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are answered with a 400 that names them, never dropped silently; like OpenAI, no
+    # coercion: "2", 2.0 or true are not integers, "yes" is not a boolean (JSON integers are valid floats).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -38,13 +57,13 @@ class StreamOptions(_Strict):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -73,7 +92,7 @@ class ChatMessage(_Strict):
 class _SamplingRequest(_Strict):
     """Fields shared by chat and completions, including vLLM's extensions."""
 
-    model: str
+    model: Text
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -86,16 +105,16 @@ class _SamplingRequest(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
+    stop: Text | list[Text] | None = None
+    logit_bias: dict[Text, float] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
-    user: str | None = None
+    user: Text | None = None
     # Accepted and harmless: we store nothing and have one service tier.
     store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
+    metadata: dict[Text, Text] | None = None
+    service_tier: Text | None = None
 
     @field_validator("stop")
     @classmethod
@@ -105,14 +124,16 @@ class _SamplingRequest(_Strict):
         stops = [value] if isinstance(value, str) else value
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        if len(stops) > MAX_STOP_STRINGS:  # each is matched against every new piece of text
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
         return stops
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not (key.isascii() and key.isdigit()):  # "²" and "٣" are digits to Python, not token ids
+                raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError("logit_bias values must be between -100 and 100")
         return value
@@ -140,6 +161,8 @@ class _SamplingRequest(_Strict):
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """Engine parameters; `max_tokens` is already resolved against defaults and the context."""
         temperature = 1.0 if self.temperature is None else self.temperature
+        if temperature < GREEDY_TEMPERATURE:
+            temperature = 0.0
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -203,7 +226,7 @@ class ChatCompletionRequest(_SamplingRequest):
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Text | None = None
     web_search_options: Any = None
 
     _unsupported = field_validator(
@@ -226,10 +249,10 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
-    suffix: str | None = None
+    suffix: Text | None = None
     best_of: int | None = Field(None, ge=1)
 
     _unsupported = field_validator("suffix")(_reject_unsupported)

@@ -6,12 +6,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
 from transformers_openai import __version__
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.errors import install_error_handlers
-from transformers_openai.api.middleware import ApiKeyAuth, RequestIdMiddleware
+from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
 from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
@@ -57,7 +56,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     if settings.allowed_origins:
         app.add_middleware(
-            CORSMiddleware,
+            Cors,
             allow_origins=settings.allowed_origins,
             allow_methods=settings.allowed_methods,
             allow_headers=settings.allowed_headers,

@@ -1,11 +1,11 @@
-"""Rejects request bodies over the configured size with 413, before the app parses them."""
+"""Reads request bodies before the app parses them: over the size limit 413, text that is not UTF-8 400."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformers_openai.api.errors import error_response
-from transformers_openai.serving.errors import PayloadTooLargeError
+from transformers_openai.serving.errors import BadRequestError, OpenAIError, PayloadTooLargeError
 
 
 class BodySizeLimit:
@@ -38,12 +38,32 @@ class BodySizeLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        body = b"".join(chunks)
+        if body and not _is_form(scope) and not _is_utf8(body):
+            # json.loads would guess UTF-16 or UTF-32; OpenAI takes UTF-8 JSON only.
+            error = BadRequestError("the request body is not UTF-8 encoded JSON", code="invalid_encoding")
+            await self._reject(scope, receive, send, error)
+            return
+        whole: Message = {"type": "http.request", "body": body, "more_body": False}
         await self.app(scope, _replay(whole, receive), send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLargeError(f"request body is larger than the limit of {self.max_bytes} bytes")
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, error: OpenAIError | None = None) -> None:
+        error = error or PayloadTooLargeError(f"request body is larger than the limit of {self.max_bytes} bytes")
         await error_response(error)(scope, receive, send)
+
+
+def _is_form(scope: Scope) -> bool:
+    """multipart/form-data carries binary files (audio): its parts are checked by whoever reads them."""
+    content_type = dict(scope.get("headers", ())).get(b"content-type", b"")
+    return bool(content_type.lower().startswith(b"multipart/"))
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _replay(first: Message, receive: Receive) -> Receive:

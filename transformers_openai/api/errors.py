@@ -80,7 +80,9 @@ def install_error_handlers(app: FastAPI) -> None:
         error = OpenAIError(str(exc.detail))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(error)
+        response = error_response(error)
+        response.headers.update(exc.headers or {})  # e.g. Allow on a 405
+        return response
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")

@@ -1,4 +1,4 @@
-"""ASGI middleware: X-Request-Id, API-key authentication and refusing new work while draining."""
+"""ASGI middleware: X-Request-Id, API-key authentication, and CORS answering in our error shape."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import hmac
 import uuid
 from collections.abc import Callable
 
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformers_openai.api.errors import error_response
 from transformers_openai.logs import request_id_var
-from transformers_openai.serving.errors import AuthenticationError
+from transformers_openai.serving.errors import AuthenticationError, BadRequestError
 
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_LENGTH = 128
@@ -68,3 +70,17 @@ class ApiKeyAuth:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS handling, with a refused preflight answered in our error shape (it says plain text)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        refused = error_response(BadRequestError(bytes(response.body).decode(), code="cors_rejected"))
+        for name in ("vary", "access-control-allow-methods", "access-control-max-age"):
+            if name in response.headers:
+                refused.headers[name] = response.headers[name]
+        return refused

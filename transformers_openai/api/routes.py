@@ -54,11 +54,11 @@ def build_router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
 
-    @router.get("/models")
+    @router.api_route("/models", methods=["GET", "HEAD"])
     async def list_models(request: Request) -> ModelList:
         return ModelList(data=[_state(request).model_card()])
 
-    @router.get("/models/{model_id:path}")
+    @router.api_route("/models/{model_id:path}", methods=["GET", "HEAD"])
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
         if model_id not in state.model_aliases():
@@ -72,11 +72,11 @@ def build_ops_router() -> APIRouter:
     """/health and /metrics: outside /v1, for load balancers and Prometheus."""
     router = APIRouter()
 
-    @router.get("/metrics")
+    @router.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @router.get("/health")
+    @router.api_route("/health", methods=["GET", "HEAD"])
     async def health(request: Request) -> JSONResponse:
         state = _state(request)
         if not state.ready():

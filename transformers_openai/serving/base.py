@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel
 
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import (
@@ -108,7 +109,7 @@ class GenerationHandler(Generic[RequestT]):
         for p, prompt in enumerate(prompts):
             max_tokens = self._max_tokens(request, len(prompt.token_ids))
             params = request.to_sampling_params(max_tokens)
-            self._check_vocab(params.logit_bias, prompt.token_ids)
+            self._check_vocab(params, prompt.token_ids)
             for i in range(request.n):
                 index = p * request.n + i
                 seed = None if params.seed is None else params.seed + i
@@ -151,13 +152,15 @@ class GenerationHandler(Generic[RequestT]):
             )
         return requested
 
-    def _check_vocab(self, logit_bias: dict[int, float], prompt_ids: list[int]) -> None:
+    def _check_vocab(self, params: SamplingParams, prompt_ids: list[int]) -> None:
+        """Every number that becomes a token id or a tensor size is bounded by the vocabulary, here at the edge."""
         vocab = self.ctx.tokenizer.vocab_size
-        for token_id in logit_bias:
+        for token_id in params.logit_bias:
             if not 0 <= token_id < vocab:
                 raise BadRequestError(f"logit_bias token id {token_id} is outside the vocabulary", param="logit_bias")
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if params.top_k > vocab:
+            raise BadRequestError(f"top_k must be at most the vocabulary size ({vocab}) or -1", param="top_k")
+        check_token_ids(prompt_ids, vocab)
 
     async def _merge(
         self, engine_ids: list[str], streams: list[AsyncIterator[RequestOutput]]
@@ -272,6 +275,11 @@ class GenerationHandler(Generic[RequestT]):
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
         )
+
+
+def check_token_ids(token_ids: list[int], vocab: int) -> None:
+    if any(not 0 <= t < vocab for t in token_ids):
+        raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
 
 
 def _prompt_param(request: ChatCompletionRequest | CompletionRequest) -> str:

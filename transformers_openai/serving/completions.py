@@ -12,7 +12,7 @@ from transformers_openai.protocol import (
     CompletionResponse,
     Usage,
 )
-from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
+from transformers_openai.serving.base import Choice, GenerationHandler, Prompt, check_token_ids
 from transformers_openai.serving.errors import BadRequestError
 
 
@@ -32,6 +32,7 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                 ids = await self.ctx.tokenizer.encode_text(prompt)
                 prompts.append(Prompt(ids, prompt))
             else:
+                check_token_ids(prompt, self.ctx.tokenizer.vocab_size)  # before anything decodes them
                 text = await self.ctx.tokenizer.decode(prompt) if request.echo else None
                 prompts.append(Prompt(list(prompt), text))
         return prompts

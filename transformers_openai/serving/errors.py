@@ -20,6 +20,8 @@ class OpenAIError(Exception):
     code: str | None = None
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        # Messages may quote client input; keep them encodable whatever it held (e.g. lone surrogates).
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.message = message
         self.param = param
