@@ -1,0 +1,140 @@
+"""The nasty-input matrix: every input that once gave a 500 or was silently coerced gets a 400 in our shape,
+naming the field; nothing reaches the engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.app.fake_engine import FakeEngine
+from tests.app.support import CHAT, COMPLETIONS, ERROR_KEYS, MODEL, make_app, running
+
+SURROGATE = "\ud800"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": MESSAGES, **fields}
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hi", **fields}
+
+
+CASES: list[tuple[str, str, dict[str, Any], str]] = [
+    # lone surrogates, wherever a string goes
+    ("chat content", CHAT, chat(messages=[{"role": "user", "content": f"a{SURROGATE}b"}]), "messages.0.content"),
+    (
+        "text part",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]),
+        "messages.0.content",
+    ),
+    ("model", CHAT, chat(model=SURROGATE), "model"),
+    ("stop", CHAT, chat(stop=[SURROGATE]), "stop"),
+    ("user", CHAT, chat(user=SURROGATE), "user"),
+    ("prompt", COMPLETIONS, completion(prompt=SURROGATE), "prompt"),
+    ("prompt list", COMPLETIONS, completion(prompt=["ok", SURROGATE]), "prompt"),
+    # logit_bias keys: ASCII token ids within the vocabulary
+    ("superscript two", CHAT, chat(logit_bias={"²": 1}), "logit_bias"),
+    ("double minus", CHAT, chat(logit_bias={"--5": 1}), "logit_bias"),
+    ("arabic-indic three", CHAT, chat(logit_bias={"٣": 1}), "logit_bias"),
+    ("negative id", CHAT, chat(logit_bias={"-5": 1}), "logit_bias"),
+    ("beyond vocabulary", CHAT, chat(logit_bias={"99999999": 1}), "logit_bias"),
+    # token ids before any decode
+    ("echo below 0", COMPLETIONS, completion(prompt=[-1], echo=True), "prompt"),
+    ("echo at 2**32", COMPLETIONS, completion(prompt=[2**32], echo=True), "prompt"),
+    ("echo at 2**70", COMPLETIONS, completion(prompt=[[5, 2**70]], echo=True), "prompt"),
+    ("ids beyond vocabulary", COMPLETIONS, completion(prompt=[10**9]), "prompt"),
+    # bounds that reach torch
+    ("top_k 2**63", CHAT, chat(top_k=2**63), "top_k"),
+    ("top_k beyond vocabulary", COMPLETIONS, completion(top_k=10**7), "top_k"),
+    ("seed 2**64", CHAT, chat(seed=2**64), "seed"),
+    # no coercion into integers or booleans
+    ("n string", CHAT, chat(n="2"), "n"),
+    ("n bool", CHAT, chat(n=True), "n"),
+    ("n float", CHAT, chat(n=2.0), "n"),
+    ("max_tokens string", CHAT, chat(max_tokens="4"), "max_tokens"),
+    ("max_tokens float", COMPLETIONS, completion(max_tokens=4.0), "max_tokens"),
+    ("stream string", CHAT, chat(stream="yes"), "stream"),
+    ("stream int", COMPLETIONS, completion(stream=1), "stream"),
+    ("seed string", CHAT, chat(seed="7"), "seed"),
+    ("temperature string", CHAT, chat(temperature="0.5"), "temperature"),
+    ("temperature bool", CHAT, chat(temperature=True), "temperature"),
+    ("prompt of booleans", COMPLETIONS, completion(prompt=[False]), "prompt"),
+    ("logprobs string", COMPLETIONS, completion(logprobs="1"), "logprobs"),
+    ("echo int", COMPLETIONS, completion(echo=1), "echo"),
+    ("chat logprobs int", CHAT, chat(logprobs=1), "logprobs"),
+    ("stop count", CHAT, chat(stop=[str(i) for i in range(65)]), "stop"),
+]
+
+
+def assert_our_400(response: httpx.Response, param: str | None) -> dict[str, Any]:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS
+    assert body["error"]["type"] == "invalid_request_error"
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if param is not None:
+        assert (body["error"]["param"] or "").startswith(param), body
+    return body["error"]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_nasty_input_gets_our_400_naming_the_field(
+    client: httpx.AsyncClient, fake: FakeEngine, path: str, body: dict[str, Any], param: str
+) -> None:
+    raw = json.dumps(body).encode()  # ensure_ascii: a lone surrogate travels as the escape "\ud800"
+    response = await client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert_our_400(response, param)
+    assert fake.submitted == []
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+async def test_a_body_that_is_not_utf8_gets_a_400(client: httpx.AsyncClient, fake: FakeEngine, encoding: str) -> None:
+    raw = json.dumps(chat()).encode(encoding)  # json.loads would have guessed the encoding and taken it
+    response = await client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert assert_our_400(response, None)["code"] == "invalid_encoding"
+    assert fake.submitted == []
+
+
+async def test_a_vanishing_temperature_means_greedy(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    response = await client.post(CHAT, json=chat(temperature=1e-300, max_tokens=3))
+    assert response.status_code == 200
+    assert fake.submitted[0].params.temperature == 0.0 and fake.submitted[0].params.greedy
+
+
+async def test_json_integers_are_valid_floats(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    response = await client.post(CHAT, json=chat(temperature=1, top_p=1, max_tokens=3))
+    assert response.status_code == 200
+    assert fake.submitted[0].params.temperature == 1.0
+
+
+async def test_a_refused_cors_preflight_answers_in_our_shape(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    app = make_app(fake, hf_tokenizer, allowed_origins=["https://good.example"])
+    async with running(app) as client:
+        headers = {"origin": "https://evil.example", "access-control-request-method": "POST"}
+        refused = await client.options(CHAT, headers=headers)
+        allowed = await client.options(CHAT, headers={**headers, "origin": "https://good.example"})
+    error = assert_our_400(refused, None)
+    assert error["code"] == "cors_rejected" and "origin" in error["message"]
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "https://good.example"
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/models", "/metrics", f"/v1/models/{MODEL}"])
+async def test_head_works_on_every_get_route(client: httpx.AsyncClient, path: str) -> None:
+    got, head = await client.get(path), await client.head(path)
+    assert head.status_code == got.status_code == 200
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+
+
+async def test_a_wrong_method_gets_405_in_our_shape_with_allow(client: httpx.AsyncClient) -> None:
+    response = await client.delete(CHAT)
+    assert response.status_code == 405
+    assert set(response.json()["error"]) == ERROR_KEYS
+    assert response.headers["allow"] == "POST"
