@@ -11,6 +11,7 @@ from transformers_openai import __version__
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
+from transformers_openai.api.openapi import install_openapi
 from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
@@ -44,6 +45,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics or Metrics(settings.model_name)
     install_error_handlers(app)
+    install_openapi(app)
     router = build_router()
     app.include_router(router, prefix="/v1")
     app.include_router(router)

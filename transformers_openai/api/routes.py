@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -9,9 +10,17 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.sse import sse_response
 from transformers_openai.api.state import AppState
-from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from transformers_openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
 from transformers_openai.serving.base import ClientDisconnected, GenerationHandler, WaitDisconnect
 from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
 
@@ -43,22 +52,42 @@ async def _generate(handler: GenerationHandler[Any], body: Any, request: Request
     return sse_response(result)
 
 
+def _generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    ok = {
+        "model": model,
+        "description": "The completion; with stream=true, Server-Sent Events of chunks ending in `data: [DONE]`",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+    return {200: ok, **error_responses(400, 401, 404, 413, 429, 503)}
+
+
+def _get(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A GET route that also answers HEAD (documented once, as GET)."""
+
+    def register(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        router.add_api_route(path, endpoint, methods=["GET"], **kwargs)
+        router.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False, **kwargs)
+        return endpoint
+
+    return register
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().chat, body, request)
 
-    @router.post("/completions")
+    @router.post("/completions", responses=_generation_responses(CompletionResponse))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
 
-    @router.api_route("/models", methods=["GET", "HEAD"])
+    @_get(router, "/models", responses=error_responses(401, 503))
     async def list_models(request: Request) -> ModelList:
         return ModelList(data=[_state(request).model_card()])
 
-    @router.api_route("/models/{model_id:path}", methods=["GET", "HEAD"])
+    @_get(router, "/models/{model_id:path}", responses=error_responses(401, 404, 503))
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
         if model_id not in state.model_aliases():
@@ -68,15 +97,25 @@ def build_router() -> APIRouter:
     return router
 
 
+class Health(BaseModel):
+    status: str
+    engine: dict[str, Any]
+
+
 def build_ops_router() -> APIRouter:
     """/health and /metrics: outside /v1, for load balancers and Prometheus."""
     router = APIRouter()
 
-    @router.api_route("/metrics", methods=["GET", "HEAD"])
+    @_get(
+        router,
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}},
+    )
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @router.api_route("/health", methods=["GET", "HEAD"])
+    @_get(router, "/health", response_model=Health, responses=error_responses(401, 503))
     async def health(request: Request) -> JSONResponse:
         state = _state(request)
         if not state.ready():
