@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -11,8 +12,10 @@ from types import FrameType
 
 import uvicorn
 from pydantic_settings import CliApp
+from sse_starlette.sse import AppStatus
 
 from transformers_openai.api.app import create_app
+from transformers_openai.api.http_protocol import ConnectionLimits, GuardedH11Protocol
 from transformers_openai.api.state import AppState
 from transformers_openai.logs import setup_logging
 from transformers_openai.metrics import Metrics
@@ -22,10 +25,14 @@ from transformers_openai.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-class DrainingServer(uvicorn.Server):
-    """On the first SIGTERM/SIGINT: refuse new requests (503), let running ones finish, then shut down.
+SHUTDOWN_MESSAGE = "the server is shutting down"
 
-    A second signal, or the drain timeout, shuts down at once.
+
+class DrainingServer(uvicorn.Server):
+    """On the first SIGTERM/SIGINT: refuse new requests (503), let running ones finish, then shut down (exit 0).
+
+    A second signal, or a drain that runs out of time, ends at once: every open request is told why (a 503
+    error; streams get an error event and `data: [DONE]`), and the process exits 1.
     """
 
     def __init__(self, config: uvicorn.Config, state: AppState, timeout_s: float) -> None:
@@ -33,21 +40,36 @@ class DrainingServer(uvicorn.Server):
         self._state = state
         self._timeout_s = timeout_s
         self._draining = False
+        self.forced = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or not self.started:
+        if not self.started or self.forced:
             super().handle_exit(sig, frame)
+            return
+        loop = asyncio.get_event_loop()
+        if self._draining:
+            logger.warning("signal %d again: ending every request now", sig)
+            loop.call_soon_threadsafe(self._end_now)
             return
         self._draining = True
         self._state.begin_drain()
         logger.info("signal %d: draining running requests (up to %.0fs), then exiting", sig, self._timeout_s)
-        loop = asyncio.get_event_loop()
         loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
 
     async def _drain_then_exit(self) -> None:
         if not await self._state.wait_idle(self._timeout_s):
-            logger.warning("drain timeout: exiting with requests still running")
+            logger.warning("drain timeout after %.0fs: ending the requests still running", self._timeout_s)
+            self._end_now()
+            return
         self.should_exit = True
+
+    def _end_now(self) -> None:
+        if self.forced:
+            return
+        self.forced = True
+        ended = self._state.fail_in_flight(SHUTDOWN_MESSAGE)
+        logger.warning("ended %d requests in flight", ended)
+        self.should_exit = True  # uvicorn waits for their responses (error events, [DONE]) to go out
 
 
 def run(settings: Settings) -> int:
@@ -61,12 +83,17 @@ def run(settings: Settings) -> int:
 
     metrics = Metrics(settings.model_name)
     app = create_app(settings, lambda: load_serving_context(settings, metrics), on_load_failure, metrics)
+    limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=5, timeout_keep_alive=settings.keep_alive_timeout,
+        http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]
     )
-    DrainingServer(config, app.state.serving, settings.shutdown_timeout).run()
-    return 1 if failed else 0
+    # Shutdown is ours (DrainingServer): sse-starlette must not cut streams before they get their error event.
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+    server = DrainingServer(config, app.state.serving, settings.shutdown_timeout)
+    server.run()
+    return 1 if failed or server.forced else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,6 +81,16 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(
         30.0, ge=0, description="On SIGTERM, seconds running requests may take to finish before the server exits."
     )
+    keep_alive_timeout: int = Field(5, ge=1, description="Seconds an idle kept-alive connection stays open.")
+    header_timeout: float = Field(
+        10.0, gt=0, description="Seconds a connection has to send a complete request head; late ones get 408."
+    )
+    body_timeout: float = Field(
+        60.0, gt=0, description="Seconds a request body has to arrive once its head is in; late ones get 408."
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="Open connections allowed at once; beyond it a connection gets 503 and is closed."
+    )
     stream_stall_timeout: float = Field(
         30.0,
         gt=0,

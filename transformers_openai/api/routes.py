@@ -49,7 +49,8 @@ async def _generate(handler: GenerationHandler[Any], body: Any, request: Request
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):
         return JSONResponse(result.model_dump())
-    return sse_response(result)
+    app = request.app
+    return sse_response(result, app.state.settings.stream_stall_timeout, app.state.metrics.on_stream_stalled)
 
 
 def _generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:

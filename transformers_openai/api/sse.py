@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
 from transformers_openai.serving.errors import to_openai_error
 
@@ -16,8 +18,30 @@ logger = logging.getLogger(__name__)
 PING_INTERVAL_S = 15
 
 
-def sse_response(chunks: AsyncIterator[BaseModel]) -> EventSourceResponse:
-    return EventSourceResponse(_events(chunks), ping=PING_INTERVAL_S, sep="\n")
+class _EventStream(EventSourceResponse):
+    """An SSE response whose client must take each event within `stall_timeout_s` seconds.
+
+    A client that stops reading would otherwise hold its batch row while the answer piles up in memory:
+    when one send blocks that long, the stream ends (which aborts its engine request) and `on_stall` runs.
+    """
+
+    def __init__(self, chunks: AsyncIterator[BaseModel], stall_timeout_s: float, on_stall: Callable[[], None]) -> None:
+        super().__init__(_events(chunks), ping=PING_INTERVAL_S, sep="\n", send_timeout=stall_timeout_s)
+        self._stall_timeout_s = stall_timeout_s
+        self._on_stall = on_stall
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            logger.warning("stream aborted: the client took no data for %.0fs", self._stall_timeout_s)
+            self._on_stall()
+
+
+def sse_response(
+    chunks: AsyncIterator[BaseModel], stall_timeout_s: float, on_stall: Callable[[], None]
+) -> EventSourceResponse:
+    return _EventStream(chunks, stall_timeout_s, on_stall)
 
 
 async def _events(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[ServerSentEvent]:

@@ -55,6 +55,10 @@ class AppState:
         """Stops admitting new requests; those in flight go on."""
         self.draining = True
 
+    def fail_in_flight(self, message: str) -> int:
+        """Ends every request in flight with a shutdown error (streams get an error event and [DONE])."""
+        return self._context.engine.fail_in_flight(message) if self._context is not None else 0
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Waits until no request is in flight (True) or the timeout passes (False)."""
         deadline = asyncio.get_running_loop().time() + timeout_s

@@ -55,6 +55,12 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
+class RequestTimeoutError(OpenAIError):
+    status_code = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLargeError(OpenAIError):
     status_code = 413
     type = "invalid_request_error"

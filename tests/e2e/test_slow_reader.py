@@ -1,0 +1,96 @@
+"""Clients that stop reading cannot hold the batch: their streams are aborted after --stream-stall-timeout and
+their rows freed, so a normal request waits at most about that long."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import ServerProcess, start_server
+
+pytestmark = pytest.mark.e2e
+
+STALL_S = 2.0
+ROWS = 4
+# Big events (20 alternatives per token, each with its bytes): the socket buffers fill within a few hundred
+# tokens, so a client that never reads blocks the server's sends early.
+HEAVY = {"max_tokens": 900, "ignore_eos": True, "temperature": 0, "logprobs": True, "top_logprobs": 20}
+
+
+@pytest.fixture(scope="module")
+def stall_server(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    server = start_server(
+        tiny_llama_dir, server_logs, "--max-batch-size", str(ROWS), "--max-queue", "8",
+        "--stream-stall-timeout", str(STALL_S),
+    )
+    yield server
+    server.stop()
+
+
+def body(server: ServerProcess, **extra: object) -> dict[str, object]:
+    return {"model": server.model, "messages": [{"role": "user", "content": "Tell me a story."}], **extra}
+
+
+def never_reads(server: ServerProcess) -> socket.socket:
+    """Sends a streaming request by hand with a tiny receive buffer, then never reads a byte."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    payload = json.dumps(body(server, stream=True, **HEAVY)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + payload)
+    return sock
+
+
+def engine(server: ServerProcess) -> dict[str, int]:
+    return httpx.get(f"{server.root_url}/health", timeout=10).json()["engine"]
+
+
+def stalled_total(server: ServerProcess) -> float:
+    text = httpx.get(f"{server.root_url}/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("transformers_openai:request_stream_stalled_total")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def wait_for(check, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_four_clients_that_never_read_cannot_hold_the_batch(stall_server: ServerProcess) -> None:
+    before = stalled_total(stall_server)
+    sockets = [never_reads(stall_server) for _ in range(ROWS)]
+    try:
+        assert wait_for(lambda: engine(stall_server)["rows_in_use"] == ROWS, 30)
+        start = time.monotonic()
+        response = httpx.post(
+            f"{stall_server.base_url}/chat/completions", json=body(stall_server, max_tokens=8), timeout=120
+        )
+        waited_s = time.monotonic() - start
+        assert response.status_code == 200
+        # The rows come free once a blocked send has waited the stall timeout; the socket buffers filling
+        # first and the answer itself take the rest.
+        assert waited_s < STALL_S + 3.0, waited_s
+        assert wait_for(lambda: stalled_total(stall_server) - before >= ROWS, 30)
+        assert wait_for(lambda: engine(stall_server)["rows_in_use"] == 0, 30)
+    finally:
+        for sock in sockets:
+            sock.close()
+    # Freed by the stall timeout, not by finishing their answers.
+    aborted = [int(n) for n in re.findall(r"aborted after (\d+) tokens", stall_server.log())]
+    assert len(aborted) >= ROWS and all(n < HEAVY["max_tokens"] for n in aborted), aborted  # type: ignore[operator]
+    assert stall_server.log().count("the client took no data") >= ROWS
