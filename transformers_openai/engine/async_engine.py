@@ -231,7 +231,7 @@ class AsyncEngine:
                     self._add(request)
                 for request_id in aborted:  # after the adds: an abort may name a request submitted just before
                     core.abort(request_id)
-                outputs = core.step(publish=self._publish) if core.has_work() else []
+                outputs = core.step(publish=self._publish)  # also when idle: the step reports the freed rows
             except Exception as exc:  # keep serving: fail what was in flight and go on
                 logger.exception("engine step failed")
                 outputs = core.fail_all(exc)
