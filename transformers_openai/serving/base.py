@@ -20,6 +20,7 @@ from transformers_openai.serving.errors import (
     BadRequestError,
     InternalServerError,
     ModelNotFoundError,
+    RequestTimeoutError,
     ServiceUnavailableError,
     to_openai_error,
 )
@@ -289,6 +290,8 @@ def _prompt_param(request: ChatCompletionRequest | CompletionRequest) -> str:
 def _check_output(output: RequestOutput) -> None:
     if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.SHUTDOWN:
         raise ServiceUnavailableError(output.error or "the server is shutting down")
+    if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.STALLED:
+        raise RequestTimeoutError(output.error or "the client stopped reading the response")
     if output.finish_reason is FinishReason.ERROR:
         raise InternalServerError(f"generation failed: {output.error}")
     if output.finish_reason is FinishReason.ABORT:
