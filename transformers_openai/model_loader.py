@@ -107,6 +107,9 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     config = AutoConfig.from_pretrained(settings.model, **source)
     kind = detect_kind(config, settings.model_kind)
     spec = MODEL_KINDS[kind]
+    if Capability.TEXT not in spec.capabilities:
+        # The runner is in place; the audio endpoints that would serve it are not yet.
+        raise NotImplementedError(f"model kind '{kind}' is not served yet: /v1/audio/transcriptions is to come")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
