@@ -11,7 +11,6 @@ from typing import Any, cast
 import torch
 from transformers import (
     AutoConfig,
-    AutoFeatureExtractor,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -29,9 +28,8 @@ from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
-from transformers_openai.serving.context import Capability, ServingContext, SpeechModel
+from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -124,7 +122,6 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     max_input_len = encoder_input_length(config, tokenizer) if kind == "seq2seq" else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
     runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len)
-    speech = _speech_model(settings, model, tokenizer) if Capability.SPEECH in spec.capabilities else None
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
@@ -141,15 +138,6 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         response_role=settings.response_role,
         default_max_tokens=settings.default_max_tokens,
         capabilities=spec.capabilities,
-        speech=speech,
-    )
-
-
-def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any) -> SpeechModel:
-    multilingual = bool(getattr(model.generation_config, "is_multilingual", True))
-    return SpeechModel(
-        feature_extractor=AutoFeatureExtractor.from_pretrained(settings.model),  # type: ignore[no-untyped-call]
-        tokens=WhisperTokens.from_tokenizer(tokenizer, multilingual),
     )
 
 

@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.whisper_tokens import WhisperTokens
 
 
 class Capability(str, enum.Enum):
@@ -17,14 +16,6 @@ class Capability(str, enum.Enum):
 
     TEXT = "text"  # /v1/chat/completions, /v1/completions
     SPEECH = "speech"  # /v1/audio/transcriptions, /v1/audio/translations
-
-
-@dataclass(frozen=True)
-class SpeechModel:
-    """What the transcription handler needs of a speech model beside the engine."""
-
-    feature_extractor: Any  # turns audio into the windows' log-mel features
-    tokens: WhisperTokens
 
 
 class EngineClient(Protocol):
@@ -59,7 +50,6 @@ class ServingContext:
     response_role: str = "assistant"
     default_max_tokens: int | None = None
     capabilities: frozenset[Capability] = field(default_factory=lambda: frozenset({Capability.TEXT}))
-    speech: SpeechModel | None = None
 
     @property
     def encoder_decoder(self) -> bool:
