@@ -137,7 +137,6 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         max_input_len=max_input_len,
         response_role=settings.response_role,
         default_max_tokens=settings.default_max_tokens,
-        capabilities=spec.capabilities,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
@@ -49,7 +49,6 @@ class ServingContext:
     max_input_len: int | None = None
     response_role: str = "assistant"
     default_max_tokens: int | None = None
-    capabilities: frozenset[Capability] = field(default_factory=lambda: frozenset({Capability.TEXT}))
 
     @property
     def encoder_decoder(self) -> bool:
