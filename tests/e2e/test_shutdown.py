@@ -60,38 +60,36 @@ def assert_ended_with_error_then_done(events: list[str]) -> None:
     assert not any(finished), "ended with an error, not by finishing"
 
 
-def test_a_second_signal_ends_every_stream_with_an_error_event_and_exits_non_zero(
-    tiny_llama_dir: Path, server_logs: Path
-) -> None:
-    server = start_server(tiny_llama_dir, server_logs, "--shutdown-timeout", "60")
-
-    async def two_signals() -> None:
+def signal_twice(server: ServerProcess):  # type: ignore[no-untyped-def]
+    async def act() -> None:
         server.process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         server.process.send_signal(signal.SIGTERM)
 
-    try:
-        streams = asyncio.run(open_streams_then(server, two_signals))
-        for events in streams:
-            assert_ended_with_error_then_done(events)
-        assert server.process.wait(timeout=20) == 1
-    finally:
-        server.stop()
+    return act
 
 
-def test_a_drain_that_runs_out_of_time_ends_every_stream_with_an_error_event_and_exits_non_zero(
-    tiny_llama_dir: Path, server_logs: Path
-) -> None:
-    server = start_server(tiny_llama_dir, server_logs, "--shutdown-timeout", "1")
-
-    async def one_signal() -> None:
+def signal_once(server: ServerProcess):  # type: ignore[no-untyped-def]
+    async def act() -> None:
         server.process.send_signal(signal.SIGTERM)
 
+    return act
+
+
+@pytest.mark.parametrize(
+    ("shutdown_timeout", "send_signals", "logged"),
+    [("60", signal_twice, "signal 15 again"), ("1", signal_once, "drain timeout")],
+    ids=["second signal", "drain runs out of time"],
+)
+def test_a_forced_shutdown_ends_every_stream_with_an_error_event_and_exits_non_zero(
+    tiny_llama_dir: Path, server_logs: Path, shutdown_timeout: str, send_signals, logged: str  # type: ignore[no-untyped-def]
+) -> None:
+    server = start_server(tiny_llama_dir, server_logs, "--shutdown-timeout", shutdown_timeout)
     try:
-        streams = asyncio.run(open_streams_then(server, one_signal))
+        streams = asyncio.run(open_streams_then(server, send_signals(server)))
         for events in streams:
             assert_ended_with_error_then_done(events)
         assert server.process.wait(timeout=20) == 1
-        assert "drain timeout" in server.log()
+        assert logged in server.log()
     finally:
         server.stop()
