@@ -181,8 +181,10 @@ def test_model_kind_processors_rule_the_distribution_before_logprobs_and_samplin
     logits = logits_for(3)
     logits[:, 4] = 50.0  # the model's favourite, but the processor bans it
     sampler = Sampler([ban_some])
-    result = sampler(logits.clone(), [row(temperature=0.0, logprobs=2), row(seed=1), row(seed=2, top_k=4)])
+    given = logits.clone()
+    result = sampler(given, [row(temperature=0.0, logprobs=2), row(seed=1), row(seed=2, top_k=4)])
     assert seen_rows == [3]
+    assert torch.equal(given, logits)  # the caller's logits are left as the model made them
     assert not set(result.token_ids) & set(banned)
     chosen, top = result.logprobs[0]  # type: ignore[misc]
     ruled = logits[0].clone()

@@ -41,7 +41,8 @@ class Sampler:
         self._processors = tuple(processors)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SampleResult:
-        logits = logits.float()
+        # The processors rule in place: on a copy, so that a retry of some rows starts from the model's logits.
+        logits = logits.to(torch.float32, copy=bool(self._processors))
         for processor in self._processors:
             processor(logits, rows)
         raw_logprobs = self._raw_logprobs(logits, rows)
