@@ -53,11 +53,24 @@ async def _generate(handler: GenerationHandler[Any], body: Any, request: Request
     return sse_response(result, app.state.settings.stream_stall_timeout, app.state.metrics.on_stream_stalled)
 
 
+# One Server-Sent Event (OpenAPI before 3.2 describes an event stream by its events).
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string", "description": "A chunk as JSON, an error as JSON, or `[DONE]` (the last)"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
 def _generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     ok = {
         "model": model,
         "description": "The completion; with stream=true, Server-Sent Events of chunks ending in `data: [DONE]`",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
     }
     return {200: ok, **error_responses(400, 401, 404, 413, 429, 503)}
 
