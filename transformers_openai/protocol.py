@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,8 @@ class ErrorResponse(BaseModel):
 
 # ---------------------------------------------------------------- requests
 
+
+logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 64
 # Below this, a temperature means greedy decoding (dividing logits by it would overflow), as vLLM does.
@@ -55,15 +58,43 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
-class TextPart(_Strict):
+class _Tolerant(BaseModel):
+    """Inside messages and content parts, keys a client adds (`cache_control`, `provider_specific_fields`, ...)
+    are ignored with a warning: unknown top-level fields still get their 400."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="after")
+    def _ignore_extra_keys(self) -> Any:
+        if self.model_extra:
+            logger.warning("ignored unknown keys in a %s: %s", type(self).__name__, ", ".join(sorted(self.model_extra)))
+            self.model_extra.clear()
+        return self
+
+
+class TextPart(_Tolerant):
     type: Literal["text"]
     text: Text
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Tolerant):
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    # What clients echo back of an assistant reply (openai's message.model_dump(), LiteLLM): accepted in
+    # history; none of it is shown to the model.
+    refusal: Text | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+
+    @field_validator("tool_calls", "function_call")
+    @classmethod
+    def _no_calls_yet(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:
+            raise ValueError(f"'{info.field_name}' in the history is not supported: no tool calling here yet")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -89,8 +120,21 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
+# Fields OpenAI's API makes nullable: null means the default.
+_NULL_MEANS_DEFAULT = frozenset(
+    {"n", "stream", "logprobs", "echo", "ignore_eos", "min_tokens", "skip_special_tokens"}
+)
+
+
 class _SamplingRequest(_Strict):
     """Fields shared by chat and completions, including vLLM's extensions."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in _NULL_MEANS_DEFAULT}
+        return data
 
     model: Text
     n: int = Field(1, ge=1, le=16)

@@ -36,6 +36,10 @@ def validation_error(exc: RequestValidationError) -> BadRequestError:
         return BadRequestError("a JSON request body is required", code="missing_body")
     if kind == "json_invalid":
         return BadRequestError("the request body is not valid JSON", code="invalid_json")
+    if param is None and isinstance(first.get("input"), bytes):  # a body FastAPI did not read as JSON
+        return BadRequestError(
+            "the request body must be JSON sent with 'Content-Type: application/json'", code="invalid_content_type"
+        )
     if kind == "missing":
         return BadRequestError(f"'{param}' is required", param=param, code="missing_required_parameter")
     if kind == "extra_forbidden":

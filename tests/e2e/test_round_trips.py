@@ -1,0 +1,29 @@
+"""Multi-turn round trips with the real openai client: the message it returns goes back into the history as is."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import sync_client
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: ServerProcess) -> None:
+    client = sync_client(tiny_server)
+    messages = [{"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "And then?"}]
+    # The helper parses only replies that stopped (not cut at max_tokens): stop at the first space.
+    with client.chat.completions.stream(
+        model=tiny_server.model, messages=messages, max_tokens=64, temperature=0, stop=[" "]
+    ) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion()
+    assert streamed.choices[0].finish_reason == "stop"
+    messages += [streamed.choices[0].message.model_dump(), {"role": "user", "content": "Thanks."}]
+    third = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
+    assert third.choices[0].finish_reason in ("length", "stop")
+    assert third.usage is not None and third.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
