@@ -30,6 +30,8 @@ class ErrorResponse(BaseModel):
 logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 64
+# Longer logit_bias keys are beyond any vocabulary (and past a length, int() itself refuses them).
+MAX_TOKEN_ID_DIGITS = 10
 # Below this, a temperature means greedy decoding (dividing logits by it would overflow), as vLLM does.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -50,7 +52,8 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 class _Strict(BaseModel):
     # Unknown fields are answered with a 400 that names them, never dropped silently; like OpenAI, no
     # coercion: "2", 2.0 or true are not integers, "yes" is not a boolean (JSON integers are valid floats).
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Python's json reads NaN and Infinity, which JSON does not have: no number field takes them.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -178,6 +181,8 @@ class _SamplingRequest(_Strict):
         for key, bias in (value or {}).items():
             if not (key.isascii() and key.isdigit()):  # "²" and "٣" are digits to Python, not token ids
                 raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
+            if len(key.lstrip("0")) > MAX_TOKEN_ID_DIGITS:
+                raise ValueError(f"logit_bias token id {key[:MAX_TOKEN_ID_DIGITS]}... is outside the vocabulary")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError("logit_bias values must be between -100 and 100")
         return value

@@ -36,6 +36,11 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("model", CHAT, chat(model=SURROGATE), "model"),
     ("stop", CHAT, chat(stop=[SURROGATE]), "stop"),
     ("user", CHAT, chat(user=SURROGATE), "user"),
+    ("role", CHAT, chat(messages=[{"role": SURROGATE, "content": "hi"}]), "messages.0.role"),
+    ("name", CHAT, chat(messages=[{"role": "user", "content": "hi", "name": SURROGATE}]), "messages.0.name"),
+    ("metadata key", CHAT, chat(metadata={SURROGATE: "x"}), "metadata"),
+    ("logit_bias key", CHAT, chat(logit_bias={SURROGATE: 1}), "logit_bias"),
+    ("stream_options key", CHAT, chat(stream=True, stream_options={SURROGATE: True}), "stream_options"),
     ("prompt", COMPLETIONS, completion(prompt=SURROGATE), "prompt"),
     ("prompt list", COMPLETIONS, completion(prompt=["ok", SURROGATE]), "prompt"),
     # logit_bias keys: ASCII token ids within the vocabulary
@@ -44,6 +49,8 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("arabic-indic three", CHAT, chat(logit_bias={"٣": 1}), "logit_bias"),
     ("negative id", CHAT, chat(logit_bias={"-5": 1}), "logit_bias"),
     ("beyond vocabulary", CHAT, chat(logit_bias={"99999999": 1}), "logit_bias"),
+    ("thousands of digits", CHAT, chat(logit_bias={"9" * 5000: 1}), "logit_bias"),
+    ("bias not finite", CHAT, chat(logit_bias={"5": float("inf")}), "logit_bias"),
     # token ids before any decode
     ("echo below 0", COMPLETIONS, completion(prompt=[-1], echo=True), "prompt"),
     ("echo at 2**32", COMPLETIONS, completion(prompt=[2**32], echo=True), "prompt"),
@@ -53,6 +60,10 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("top_k 2**63", CHAT, chat(top_k=2**63), "top_k"),
     ("top_k beyond vocabulary", COMPLETIONS, completion(top_k=10**7), "top_k"),
     ("seed 2**64", CHAT, chat(seed=2**64), "seed"),
+    ("n 2**64", CHAT, chat(n=2**64), "n"),
+    ("max_completion_tokens 2**64", CHAT, chat(max_completion_tokens=2**64), "max_completion_tokens"),
+    ("temperature NaN", CHAT, chat(temperature=float("nan")), "temperature"),
+    ("top_p Infinity", COMPLETIONS, completion(top_p=float("inf")), "top_p"),
     # no coercion into integers or booleans
     ("n string", CHAT, chat(n="2"), "n"),
     ("n bool", CHAT, chat(n=True), "n"),
@@ -68,6 +79,13 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("logprobs string", COMPLETIONS, completion(logprobs="1"), "logprobs"),
     ("echo int", COMPLETIONS, completion(echo=1), "echo"),
     ("chat logprobs int", CHAT, chat(logprobs=1), "logprobs"),
+    ("top_k float", CHAT, chat(top_k=5.0), "top_k"),
+    ("min_tokens string", COMPLETIONS, completion(min_tokens="1"), "min_tokens"),
+    ("ignore_eos string", CHAT, chat(ignore_eos="true"), "ignore_eos"),
+    ("best_of string", COMPLETIONS, completion(best_of="1"), "best_of"),
+    ("top_logprobs bool", CHAT, chat(logprobs=True, top_logprobs=True), "top_logprobs"),
+    ("include_usage int", CHAT, chat(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
+    ("token ids with a boolean", COMPLETIONS, completion(prompt=[[1, True]]), "prompt"),
     ("stop count", CHAT, chat(stop=[str(i) for i in range(65)]), "stop"),
 ]
 
@@ -87,9 +105,17 @@ def assert_our_400(response: httpx.Response, param: str | None) -> dict[str, Any
 async def test_nasty_input_gets_our_400_naming_the_field(
     client: httpx.AsyncClient, fake: FakeEngine, path: str, body: dict[str, Any], param: str
 ) -> None:
-    raw = json.dumps(body).encode()  # ensure_ascii: a lone surrogate travels as the escape "\ud800"
+    # ensure_ascii: a lone surrogate travels as the escape "\ud800"; NaN and Infinity as Python's json writes them.
+    raw = json.dumps(body).encode()
     response = await client.post(path, content=raw, headers={"content-type": "application/json"})
     assert_our_400(response, param)
+    assert fake.submitted == []
+
+
+async def test_an_integer_python_will_not_read_gets_a_400(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    raw = json.dumps(chat()).replace("{", '{"seed": ' + "9" * 5000 + ", ", 1).encode()
+    response = await client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert assert_our_400(response, None)["code"] == "invalid_body"
     assert fake.submitted == []
 
 
@@ -134,7 +160,10 @@ async def test_head_works_on_every_get_route(client: httpx.AsyncClient, path: st
 
 
 async def test_a_wrong_method_gets_405_in_our_shape_with_allow(client: httpx.AsyncClient) -> None:
-    response = await client.delete(CHAT)
-    assert response.status_code == 405
-    assert set(response.json()["error"]) == ERROR_KEYS
-    assert response.headers["allow"] == "POST"
+    wrong = [("DELETE", CHAT, {"POST"}), ("PUT", "/health", {"GET", "HEAD"}), ("POST", "/v1/models", {"GET", "HEAD"})]
+    for method, path, allowed in wrong:
+        response = await client.request(method, path)
+        assert response.status_code == 405, (method, path)
+        error = response.json()["error"]
+        assert set(error) == ERROR_KEYS and error["code"] == "method_not_allowed"
+        assert set(response.headers["allow"].split(", ")) == allowed, response.headers["allow"]

@@ -65,6 +65,18 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
+# Starlette's own refusals: a body FastAPI could not parse (e.g. an integer of thousands of digits), a wrong method.
+_HTTP_ERROR_CODES = {400: "invalid_body", 405: "method_not_allowed"}
+
+
+def _with_head(allow: str) -> str:
+    """Every GET route answers HEAD too, from a route of its own (so the document lists it once): Starlette's
+    Allow names only the first route of the path."""
+    methods = [method.strip() for method in allow.split(",")]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.append("HEAD")
+    return ", ".join(methods)
+
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
@@ -81,11 +93,13 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return error_response(NotFoundError("no such route", code="not_found"))
-        error = OpenAIError(str(exc.detail))
+        error = OpenAIError(str(exc.detail), code=_HTTP_ERROR_CODES.get(exc.status_code))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         response = error_response(error)
         response.headers.update(exc.headers or {})  # e.g. Allow on a 405
+        if "allow" in response.headers:
+            response.headers["allow"] = _with_head(response.headers["allow"])
         return response
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -21,10 +21,10 @@ class OpenAIError(Exception):
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         # Messages may quote client input; keep them encodable whatever it held (e.g. lone surrogates).
-        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        message = _encodable(message)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else _encodable(param)
         if code is not None:
             self.code = code
 
@@ -88,6 +88,10 @@ class ServiceUnavailableError(OpenAIError):
 class InternalServerError(OpenAIError):
     status_code = 500
     type = "server_error"
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def to_openai_error(exc: BaseException) -> OpenAIError:
