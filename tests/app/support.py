@@ -117,7 +117,7 @@ def completion_body(**fields: Any) -> dict[str, Any]:
 class RawExchange:
     """One request driven straight through the ASGI app, so that the test decides when the client goes away."""
 
-    def __init__(self, app: FastAPI, path: str, body: dict[str, Any]) -> None:
+    def __init__(self, app: FastAPI, path: str, body: dict[str, Any], request_id: str | None = None) -> None:
         self.app = app
         self.body = json.dumps(body).encode()
         self.scope = {
@@ -134,6 +134,7 @@ class RawExchange:
                 (b"host", b"test"),
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(self.body)).encode()),
+                *([(b"x-request-id", request_id.encode())] if request_id else []),
             ],
             "client": ("127.0.0.1", 12345),
             "server": ("test", 80),
@@ -142,6 +143,7 @@ class RawExchange:
         self.chunks: list[bytes] = []
         self.got_event = asyncio.Event()
         self.disconnect = asyncio.Event()
+        self.reading = True  # set False: every later send blocks, as when a client stops reading its socket
         self._body_sent = False
 
     async def run(self) -> None:
@@ -155,6 +157,8 @@ class RawExchange:
         return {"type": "http.disconnect"}
 
     async def _send(self, message: dict[str, Any]) -> None:
+        if not self.reading:
+            await asyncio.Event().wait()  # until the server gives up on this send
         if message["type"] == "http.response.start":
             self.status = message["status"]
         elif message["type"] == "http.response.body" and message.get("body"):

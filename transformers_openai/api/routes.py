@@ -50,7 +50,8 @@ async def _generate(handler: GenerationHandler[Any], body: Any, request: Request
     if isinstance(result, BaseModel):
         return JSONResponse(result.model_dump())
     app = request.app
-    return sse_response(result, app.state.settings.stream_stall_timeout, app.state.metrics.on_stream_stalled)
+    stall_timeout_s = app.state.settings.stream_stall_timeout
+    return sse_response(result, request_id or "-", stall_timeout_s, app.state.metrics.on_stream_stalled)
 
 
 # One Server-Sent Event (OpenAPI before 3.2 describes an event stream by its events).

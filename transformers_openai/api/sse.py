@@ -22,37 +22,52 @@ class _EventStream(EventSourceResponse):
     """An SSE response whose client must take each event within `stall_timeout_s` seconds.
 
     A client that stops reading would otherwise hold its batch row while the answer piles up in memory:
-    when one send blocks that long, the stream ends (which aborts its engine request) and `on_stall` runs.
+    when one send (an event or a ping) blocks that long, sse-starlette closes the event generator, which
+    aborts the engine request, and raises SendTimeoutError out of the response; here it becomes one
+    warning and `on_stall()`, not an application error. A stream cut short otherwise was a disconnect.
     """
 
-    def __init__(self, chunks: AsyncIterator[BaseModel], stall_timeout_s: float, on_stall: Callable[[], None]) -> None:
-        super().__init__(_events(chunks), ping=PING_INTERVAL_S, sep="\n", send_timeout=stall_timeout_s)
+    def __init__(
+        self, chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, on_stall: Callable[[], None]
+    ) -> None:
+        super().__init__(self._events(chunks), ping=PING_INTERVAL_S, sep="\n", send_timeout=stall_timeout_s)
+        self._request_id = request_id
         self._stall_timeout_s = stall_timeout_s
         self._on_stall = on_stall
+        self._complete = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
-            logger.warning("stream aborted: the client took no data for %.0fs", self._stall_timeout_s)
+            # The connection cannot be ended cleanly (the blocked send is never drained): the server closes it.
+            logger.warning(
+                "request %s: stream stalled, the client took no data for %gs; aborted",
+                self._request_id,
+                self._stall_timeout_s,
+            )
             self._on_stall()
+            return
+        if not self._complete:
+            logger.warning("request %s: client disconnected mid-stream; aborted", self._request_id)
+
+    async def _events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for chunk in chunks:
+                yield ServerSentEvent(data=chunk.model_dump_json())
+        except Exception as exc:  # the status line is sent already: report in-band
+            error = to_openai_error(exc)
+            if error.status_code >= 500:
+                logger.exception("stream failed")
+            yield ServerSentEvent(data=error.body().model_dump_json())
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        self._complete = True
+        yield ServerSentEvent(data="[DONE]")
 
 
 def sse_response(
-    chunks: AsyncIterator[BaseModel], stall_timeout_s: float, on_stall: Callable[[], None]
+    chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, on_stall: Callable[[], None]
 ) -> EventSourceResponse:
-    return _EventStream(chunks, stall_timeout_s, on_stall)
-
-
-async def _events(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[ServerSentEvent]:
-    try:
-        async for chunk in chunks:
-            yield ServerSentEvent(data=chunk.model_dump_json())
-    except Exception as exc:  # the status line is sent already: report in-band
-        error = to_openai_error(exc)
-        if error.status_code >= 500:
-            logger.exception("stream failed")
-        yield ServerSentEvent(data=error.body().model_dump_json())
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-    yield ServerSentEvent(data="[DONE]")
+    """Streams `chunks`; `request_id` names the request in the log lines of a stall or a disconnect."""
+    return _EventStream(chunks, request_id, stall_timeout_s, on_stall)

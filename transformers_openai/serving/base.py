@@ -148,7 +148,7 @@ class GenerationHandler(Generic[RequestT]):
             raise BadRequestError(
                 f"this model's context is {limit} tokens and at most {room} can be generated for this prompt "
                 f"({prompt_len} tokens), but {requested} were asked for; lower max_tokens or shorten the prompt",
-                param="max_tokens",
+                param=_max_tokens_param(request),
                 code="context_length_exceeded",
             )
         return requested
@@ -251,10 +251,7 @@ class GenerationHandler(Generic[RequestT]):
                     yield delta
             if request.include_usage():
                 yield self.usage_chunk(request_id, request, self._usage(choices))
-        except (asyncio.CancelledError, GeneratorExit):
-            logger.warning("request %s: client disconnected mid-stream; aborted", request_id)
-            raise
-        finally:
+        finally:  # also when the client is gone (the SSE helper logs why): aborts what is unfinished
             await merged.aclose()  # type: ignore[attr-defined]
 
     @staticmethod
@@ -285,6 +282,13 @@ def check_token_ids(token_ids: list[int], vocab: int) -> None:
 
 def _prompt_param(request: ChatCompletionRequest | CompletionRequest) -> str:
     return "messages" if isinstance(request, ChatCompletionRequest) else "prompt"
+
+
+def _max_tokens_param(request: ChatCompletionRequest | CompletionRequest) -> str:
+    """The field that set the limit: chat's max_completion_tokens wins over max_tokens."""
+    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
 
 
 def _check_output(output: RequestOutput) -> None:
