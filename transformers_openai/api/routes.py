@@ -27,6 +27,10 @@ from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavai
 # Not a standard status: what nginx logs when the client closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
 
+# What every route may answer with our error body: the body checks (400, 413), the key (401), a busy or
+# loading server (429, 503; at the connection limit even /metrics gets 503) and unknown models (404).
+_ERRORS = error_responses(400, 401, 404, 413, 429, 503)
+
 
 def _state(request: Request) -> AppState:
     state: AppState = request.app.state.serving
@@ -73,7 +77,7 @@ def _generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, A
         "description": "The completion; with stream=true, Server-Sent Events of chunks ending in `data: [DONE]`",
         "content": {"text/event-stream": {"schema": _SSE_EVENT}},
     }
-    return {200: ok, **error_responses(400, 401, 404, 413, 429, 503)}
+    return {200: ok, **_ERRORS}
 
 
 def _get(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -98,11 +102,11 @@ def build_router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
 
-    @_get(router, "/models", responses=error_responses(401, 503))
+    @_get(router, "/models", responses=_ERRORS)
     async def list_models(request: Request) -> ModelList:
         return ModelList(data=[_state(request).model_card()])
 
-    @_get(router, "/models/{model_id:path}", responses=error_responses(401, 404, 503))
+    @_get(router, "/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
         if model_id not in state.model_aliases():
@@ -125,12 +129,13 @@ def build_ops_router() -> APIRouter:
         router,
         "/metrics",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}},
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}}
+        | _ERRORS,
     )
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @_get(router, "/health", response_model=Health, responses=error_responses(401, 503))
+    @_get(router, "/health", response_model=Health, responses=_ERRORS)
     async def health(request: Request) -> JSONResponse:
         state = _state(request)
         if not state.ready():
