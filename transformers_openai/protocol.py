@@ -6,7 +6,16 @@ import logging
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from transformers_openai.engine.sampling_params import SamplingParams
 
@@ -47,6 +56,10 @@ def _valid_unicode(value: str) -> str:
 
 # Every string of a request: valid Unicode, never coerced from another type.
 Text = Annotated[str, AfterValidator(_valid_unicode)]
+# A logit_bias key: a token id in ASCII decimal (checked by `_bias_keys`, told to the OpenAPI document here).
+TokenIdKey = Annotated[Text, WithJsonSchema({"type": "string", "pattern": "^[0-9]+$"})]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+TokenId = Annotated[int, Field(ge=0)]  # at most the vocabulary, which the handler checks
 
 
 class _Strict(BaseModel):
@@ -153,7 +166,7 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: Text | list[Text] | None = None
-    logit_bias: dict[Text, float] | None = None
+    logit_bias: dict[TokenIdKey, Bias] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
@@ -178,13 +191,11 @@ class _SamplingRequest(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
+        for key in value or {}:
             if not (key.isascii() and key.isdigit()):  # "²" and "٣" are digits to Python, not token ids
                 raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
             if len(key.lstrip("0")) > MAX_TOKEN_ID_DIGITS:
                 raise ValueError(f"logit_bias token id {key[:MAX_TOKEN_ID_DIGITS]}... is outside the vocabulary")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError("logit_bias values must be between -100 and 100")
         return value
 
     @model_validator(mode="after")
@@ -298,7 +309,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Text | list[Text] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: Text | None = None
