@@ -151,7 +151,10 @@ async def test_a_refused_cors_preflight_answers_in_our_shape(fake: FakeEngine, h
     assert allowed.headers["access-control-allow-origin"] == "https://good.example"
 
 
-@pytest.mark.parametrize("path", ["/health", "/v1/models", "/models", "/metrics", f"/v1/models/{MODEL}"])
+GET_ROUTES = ["/health", "/v1/models", "/models", "/metrics", f"/v1/models/{MODEL}", "/openapi.json"]
+
+
+@pytest.mark.parametrize("path", GET_ROUTES)
 async def test_head_works_on_every_get_route(client: httpx.AsyncClient, path: str) -> None:
     got, head = await client.get(path), await client.head(path)
     assert head.status_code == got.status_code == 200
