@@ -19,10 +19,10 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.core.failures import FailureGroup
-from schemathesis.specs.openapi.checks import (
+from schemathesis.checks import (
+    FailureGroup,
     content_type_conformance,
+    not_a_server_error,
     response_schema_conformance,
     status_code_conformance,
 )
