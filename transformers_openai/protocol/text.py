@@ -1,4 +1,4 @@
-"""The OpenAI wire protocol (chat, completions, models, errors) and its mapping to engine parameters."""
+"""The OpenAI wire protocol of chat and completions, and its mapping to engine parameters."""
 
 from __future__ import annotations
 
@@ -18,20 +18,6 @@ from pydantic import (
 )
 
 from transformers_openai.engine.sampling_params import SamplingParams
-
-# ---------------------------------------------------------------- errors
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
-
 
 # ---------------------------------------------------------------- requests
 
@@ -440,16 +426,3 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "transformers-openai-api"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
