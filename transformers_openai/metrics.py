@@ -10,6 +10,7 @@ PREFIX = "transformers_openai:"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+_RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -52,6 +53,11 @@ class Metrics:
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
         self.queue = histogram("request_queue_time_seconds", "Time spent waiting for a row.", _LATENCY_BUCKETS)
         self.batch = histogram("batch_size", "Rows advanced per decode step.", _BATCH_BUCKETS)
+        self.requests = counter("requests_total", "Requests received, by endpoint.", ("endpoint",))
+        self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
+        self.real_time_factor = histogram(
+            "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
+        )
 
     # -- EngineObserver
     def on_step(self, stats: StepStats) -> None:
@@ -81,6 +87,13 @@ class Metrics:
         self.queue.labels(model).observe(request.queue_time_s)
 
     # -- API side
+    def on_request(self, endpoint: str) -> None:
+        self.requests.labels(self._model, endpoint).inc()
+
+    def on_transcription(self, endpoint: str, audio_seconds: float, real_time_factor: float) -> None:
+        self.audio_seconds.labels(self._model).inc(audio_seconds)
+        self.real_time_factor.labels(self._model).observe(real_time_factor)
+
     def on_rejected(self) -> None:
         self.rejected.labels(self._model).inc()
 

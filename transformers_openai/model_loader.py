@@ -11,6 +11,7 @@ from typing import Any, cast
 import torch
 from transformers import (
     AutoConfig,
+    AutoFeatureExtractor,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -28,8 +29,9 @@ from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
-from transformers_openai.serving.context import Capability, ServingContext
+from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -105,9 +107,6 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     config = AutoConfig.from_pretrained(settings.model, **source)
     kind = detect_kind(config, settings.model_kind)
     spec = MODEL_KINDS[kind]
-    if Capability.TEXT not in spec.capabilities:
-        # The runner is in place; the audio endpoints that would serve it are not yet.
-        raise NotImplementedError(f"model kind '{kind}' is not served yet: /v1/audio/transcriptions is to come")
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
@@ -127,6 +126,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
     core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer)
     template = settings.chat_template.read_text() if settings.chat_template else None
+    speech = _speech_model(settings, model, tokenizer, observer) if Capability.SPEECH in spec.capabilities else None
     return ServingContext(
         engine=AsyncEngine(core),
         tokenizer=TokenizerService(tokenizer, template),
@@ -137,6 +137,20 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         max_input_len=max_input_len,
         response_role=settings.response_role,
         default_max_tokens=settings.default_max_tokens,
+        capabilities=spec.capabilities,
+        speech=speech,
+    )
+
+
+def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any, observer: object) -> SpeechModel:
+    feature_extractor = AutoFeatureExtractor.from_pretrained(settings.model)  # type: ignore[no-untyped-call]
+    multilingual = bool(getattr(model.generation_config, "is_multilingual", model.config.vocab_size >= 51865))
+    on_transcription = getattr(observer, "on_transcription", None)
+    return SpeechModel(
+        feature_extractor=feature_extractor,
+        tokens=WhisperTokens.from_tokenizer(tokenizer, multilingual),
+        max_audio_seconds=settings.max_audio_seconds,
+        observer=cast(SpeechObserver, observer) if on_transcription is not None else None,
     )
 
 
@@ -167,7 +181,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context),
     "whisper": ModelKind(
         WhisperForConditionalGeneration,
-        lambda m, rows, n, _: WhisperRunner(m, rows),
+        lambda m, rows, n, _: WhisperRunner.with_rules(m, rows),
         frozenset({Capability.SPEECH}),
         _decoder_positions,
     ),

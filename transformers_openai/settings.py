@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
     )
+    max_audio_bytes: int = Field(
+        25 * 1024 * 1024, ge=1024, description="Largest audio file accepted by /v1/audio/*; larger ones get 413."
+    )
+    max_audio_seconds: float = Field(
+        3600.0, gt=0, description="Longest audio accepted by /v1/audio/*, in seconds; longer files get 400."
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's).")
     api_keys: CommaList = Field(
         default_factory=list,

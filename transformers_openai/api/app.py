@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from transformers_openai import __version__
+from transformers_openai.api.audio_routes import build_audio_router
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
@@ -18,6 +19,7 @@ from transformers_openai.metrics import Metrics
 from transformers_openai.settings import Settings
 
 OPS_PATHS = frozenset({"/health", "/metrics"})
+_FORM_OVERHEAD_BYTES = 1024 * 1024
 
 
 def create_app(
@@ -47,11 +49,15 @@ def create_app(
     install_error_handlers(app)
     install_openapi(app)
     router = build_router()
-    app.include_router(router, prefix="/v1")
-    app.include_router(router)
+    audio = build_audio_router()
+    for prefix in ("/v1", ""):
+        app.include_router(router, prefix=prefix)
+        app.include_router(audio, prefix=prefix)
     app.include_router(build_ops_router())
     # Added innermost first: CORS answers preflights before auth; the request id wraps everything else.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    # An upload's form may hold the largest audio file accepted plus its other fields.
+    form_bytes = max(settings.max_request_bytes, settings.max_audio_bytes + _FORM_OVERHEAD_BYTES)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, max_form_bytes=form_bytes)
     if settings.api_keys:
         open_paths = frozenset() if settings.auth_health_and_metrics else OPS_PATHS
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys, open_paths=open_paths.__contains__)

@@ -9,19 +9,24 @@ from transformers_openai.serving.errors import BadRequestError, OpenAIError, Pay
 
 
 class BodySizeLimit:
-    """Reads the body up to the limit (by Content-Length when declared, by counting when chunked), then replays it."""
+    """Reads the body up to the limit (by Content-Length when declared, by counting when chunked), then replays it.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    Multipart forms (audio uploads) have their own, larger limit, `max_form_bytes`.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_form_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_form_bytes = max_form_bytes or max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_form_bytes if _is_form(scope) else self.max_bytes
         declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(scope, receive, send, limit=limit)
             return
         chunks: list[bytes] = []
         size = 0
@@ -32,8 +37,8 @@ class BodySizeLimit:
                 return
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_bytes:
-                await self._reject(scope, receive, send)
+            if size > limit:
+                await self._reject(scope, receive, send, limit=limit)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -47,8 +52,10 @@ class BodySizeLimit:
         whole: Message = {"type": "http.request", "body": body, "more_body": False}
         await self.app(scope, _replay(whole, receive), send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send, error: OpenAIError | None = None) -> None:
-        error = error or PayloadTooLargeError(f"request body is larger than the limit of {self.max_bytes} bytes")
+    async def _reject(
+        self, scope: Scope, receive: Receive, send: Send, error: OpenAIError | None = None, limit: int = 0
+    ) -> None:
+        error = error or PayloadTooLargeError(f"request body is larger than the limit of {limit} bytes")
         await error_response(error)(scope, receive, send)
 
 

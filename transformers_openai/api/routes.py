@@ -21,7 +21,8 @@ from transformers_openai.protocol import (
     ModelCard,
     ModelList,
 )
-from transformers_openai.serving.base import ClientDisconnected, GenerationHandler, WaitDisconnect
+from transformers_openai.serving.base import GenerationHandler
+from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
 from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
 
 # Not a standard status: what nginx logs when the client closed the connection first.
@@ -37,7 +38,7 @@ def _state(request: Request) -> AppState:
     return state
 
 
-def _disconnect_waiter(request: Request) -> WaitDisconnect:
+def disconnect_waiter(request: Request) -> WaitDisconnect:
     async def wait() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -46,9 +47,10 @@ def _disconnect_waiter(request: Request) -> WaitDisconnect:
 
 
 async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
+    request.app.state.metrics.on_request(handler.endpoint)
     try:
         request_id = request.scope.get("state", {}).get("request_id")  # set by RequestIdMiddleware
-        result = await handler.create(body, _disconnect_waiter(request), request_id)
+        result = await handler.create(body, disconnect_waiter(request), request_id)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
-from transformers_openai.serving.context import ServingContext
-from transformers_openai.serving.errors import ServiceUnavailableError
+from transformers_openai.serving.context import Capability, ServingContext
+from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
+from transformers_openai.serving.transcription import TranscriptionHandler
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +21,46 @@ Loader = Callable[[], ServingContext]
 
 @dataclass(frozen=True)
 class Handlers:
-    chat: ChatHandler
-    completions: CompletionHandler
+    """The handlers of the served model's endpoint families; a family it cannot serve is a clear 400."""
+
+    model_name: str
+    text: tuple[ChatHandler, CompletionHandler] | None
+    speech: TranscriptionHandler | None
+
+    @property
+    def chat(self) -> ChatHandler:
+        return self._text()[0]
+
+    @property
+    def completions(self) -> CompletionHandler:
+        return self._text()[1]
+
+    @property
+    def transcriptions(self) -> TranscriptionHandler:
+        if self.speech is None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' is a text model: it does not take audio; "
+                "use /v1/chat/completions or /v1/completions",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.speech
+
+    def _text(self) -> tuple[ChatHandler, CompletionHandler]:
+        if self.text is None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' is a speech recognition model: it does not take text prompts; "
+                "use /v1/audio/transcriptions or /v1/audio/translations",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.text
+
+    @classmethod
+    def for_context(cls, context: ServingContext) -> Handlers:
+        text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
+        speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
+        return cls(context.model_name, text, speech)
 
 
 class AppState:
@@ -105,5 +144,5 @@ class AppState:
                 on_failure()
             return
         self._context = context
-        self._handlers = Handlers(ChatHandler(context), CompletionHandler(context))
+        self._handlers = Handlers.for_context(context)
         logger.info("model %s ready (%s, context %d)", context.model_name, context.model_kind, context.max_model_len)

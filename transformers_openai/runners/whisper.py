@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +10,7 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
+from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
 
 # Mel frames the encoder takes: one 30 s window.
 WINDOW_FRAMES = 3000
@@ -21,6 +23,8 @@ class WhisperRunner(Seq2SeqRunner):
     its decoder self-attention K/V; Whisper's learned positions need each row's own position id.
     A request's `model_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
     (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`).
+    A request may name its window (`model_inputs["window_id"]`): the encoder output is then kept for a retry of
+    the same window (temperature fallback), the `max_rows` most recent windows at most.
     """
 
     prompt_in_decoder = True
@@ -37,6 +41,21 @@ class WhisperRunner(Seq2SeqRunner):
         generation = model.generation_config
         self._sot = int(generation.decoder_start_token_id)
         self._no_speech = _no_speech_token(generation)
+        self._encoded: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    @classmethod
+    def with_rules(cls, model: PreTrainedModel, max_rows: int) -> WhisperRunner:
+        """A runner applying Whisper's decoding rules as the model's generation config states them."""
+        generation = model.generation_config
+        eot = generation.eos_token_id
+        tokens = WhisperRuleTokens(
+            eot=int(eot if isinstance(eot, int) else eot[0]),
+            no_timestamps=int(getattr(generation, "no_timestamps_token_id")),  # noqa: B009 (not typed by transformers)
+            suppress=tuple(int(t) for t in generation.suppress_tokens or ()),
+            begin_suppress=tuple(int(t) for t in generation.begin_suppress_tokens or ()),
+            max_initial_timestamp_index=getattr(generation, "max_initial_timestamp_index", 50),
+        )
+        return cls(model, max_rows, [WhisperRules(tokens, int(model.config.vocab_size), model.device)])
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
@@ -49,7 +68,7 @@ class WhisperRunner(Seq2SeqRunner):
             raise ValueError(f"Whisper takes windows of {WINDOW_FRAMES} mel frames, got {features.shape[-1]}")
         prefix = job.prompt_token_ids
         out = self.model.model(
-            input_features=features,
+            encoder_outputs=(self._encode(features, job.model_inputs.get("window_id")),),
             decoder_input_ids=torch.tensor([prefix], device=self.device),
             past_key_values=own_cache,
             use_cache=True,
@@ -64,9 +83,28 @@ class WhisperRunner(Seq2SeqRunner):
         next_logits: torch.Tensor = logits[1]
         return next_logits
 
+    def _encode(self, features: torch.Tensor, window_id: str | None) -> torch.Tensor:
+        if window_id is not None and window_id in self._encoded:
+            self._encoded.move_to_end(window_id)
+            return self._encoded[window_id]
+        hidden: torch.Tensor = self.model.model.encoder(input_features=features).last_hidden_state
+        if window_id is not None:
+            self._encoded[window_id] = hidden
+            while len(self._encoded) > self.max_rows:
+                self._encoded.popitem(last=False)
+        return hidden
+
     def _step_inputs(self) -> dict[str, torch.Tensor]:
         positions = torch.tensor([[n] for n in self._self_cache.active_lens], device=self.device)
         return {"decoder_position_ids": positions}
+
+    @torch.inference_mode()
+    def detect_language(self, features: torch.Tensor, sot: int, language_tokens: Sequence[int]) -> int:
+        """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch)."""
+        features = torch.as_tensor(features, device=self.device, dtype=self.model.dtype).reshape(1, -1, WINDOW_FRAMES)
+        out = self.model(input_features=features, decoder_input_ids=torch.tensor([[sot]], device=self.device))
+        candidates = torch.tensor(list(language_tokens), device=self.device)
+        return int(candidates[out.logits[0, -1, candidates].argmax()])
 
     @torch.inference_mode()
     def alignment_weights(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:

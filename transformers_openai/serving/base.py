@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -16,6 +15,7 @@ from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishR
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect, until_disconnect
 from transformers_openai.serving.errors import (
     BadRequestError,
     InternalServerError,
@@ -28,11 +28,7 @@ from transformers_openai.serving.errors import (
 logger = logging.getLogger(__name__)
 
 RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
-WaitDisconnect = Callable[[], Awaitable[None]]
-
-
-class ClientDisconnected(Exception):
-    """The client went away before a non-streaming response was ready."""
+__all__ = ["ClientDisconnected", "GenerationHandler", "WaitDisconnect", "check_output"]
 
 
 @dataclass
@@ -58,6 +54,7 @@ class GenerationHandler(Generic[RequestT]):
     """Base of the chat and completions handlers; subclasses build prompts and shape the responses."""
 
     request_id_prefix = "req-"  # of the response's `id`: chatcmpl-, cmpl-
+    endpoint = ""  # its name in the metrics
     default_max_tokens_when_unset: int | None = None  # None: the rest of the context
 
     def __init__(self, ctx: ServingContext) -> None:
@@ -208,25 +205,13 @@ class GenerationHandler(Generic[RequestT]):
         merged: AsyncIterator[tuple[int, RequestOutput]],
         wait_disconnect: WaitDisconnect,
     ) -> BaseModel:
-        collect = asyncio.ensure_future(self._collect(choices, merged))
-        disconnected = asyncio.ensure_future(wait_disconnect())
-        try:
-            await asyncio.wait({collect, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            disconnected.cancel()
-            if not collect.done():
-                collect.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await collect
-                logger.warning("request %s: client disconnected before the response; aborted", request_id)
-                raise ClientDisconnected(request_id)
-        collect.result()
+        await until_disconnect(self._collect(choices, merged), wait_disconnect, request_id)
         return self.response(request_id, request, choices, self._usage(choices))
 
     async def _collect(self, choices: list[Choice], merged: AsyncIterator[tuple[int, RequestOutput]]) -> None:
         try:
             async for index, output in merged:
-                _check_output(output)
+                check_output(output)
                 self._accumulate(choices[index], output)
         finally:
             await merged.aclose()  # type: ignore[attr-defined]
@@ -242,7 +227,7 @@ class GenerationHandler(Generic[RequestT]):
             for chunk in self.first_chunks(request_id, request, choices):
                 yield chunk
             async for index, output in merged:
-                _check_output(output)
+                check_output(output)
                 choice = choices[index]
                 self._accumulate(choice, output)
                 usage = self._usage(choices) if request.continuous_usage() else None
@@ -291,7 +276,7 @@ def _max_tokens_param(request: ChatCompletionRequest | CompletionRequest) -> str
     return "max_tokens"
 
 
-def _check_output(output: RequestOutput) -> None:
+def check_output(output: RequestOutput) -> None:
     if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.SHUTDOWN:
         raise ServiceUnavailableError(output.error or "the server is shutting down")
     if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.STALLED:

@@ -23,6 +23,7 @@ from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl-"
+    endpoint = "chat_completions"
 
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
         messages = [

@@ -18,6 +18,7 @@ from transformers_openai.serving.errors import BadRequestError
 
 class CompletionHandler(GenerationHandler[CompletionRequest]):
     request_id_prefix = "cmpl-"
+    endpoint = "completions"
     default_max_tokens_when_unset = 16  # OpenAI's documented default for this endpoint
 
     async def prompts(self, request: CompletionRequest) -> list[Prompt]:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.whisper_tokens import WhisperTokens
 
 
 class Capability(str, enum.Enum):
@@ -36,6 +37,32 @@ class EngineClient(Protocol):
 
     def stats(self) -> Any: ...
 
+    async def call(self, fn: Any) -> Any: ...
+
+
+class SpeechObserver(Protocol):
+    """Told of every finished transcription (the metrics)."""
+
+    def on_transcription(self, endpoint: str, audio_seconds: float, real_time_factor: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class SpeechModel:
+    """What the audio endpoints need beside the engine: features, special tokens and limits."""
+
+    feature_extractor: Any  # WhisperFeatureExtractor
+    tokens: WhisperTokens
+    max_audio_seconds: float
+    observer: SpeechObserver | None = None
+
+    @property
+    def sampling_rate(self) -> int:
+        return int(self.feature_extractor.sampling_rate)
+
+    @property
+    def hop_length(self) -> int:
+        return int(self.feature_extractor.hop_length)
+
 
 @dataclass
 class ServingContext:
@@ -49,6 +76,8 @@ class ServingContext:
     max_input_len: int | None = None
     response_role: str = "assistant"
     default_max_tokens: int | None = None
+    capabilities: frozenset[Capability] = frozenset({Capability.TEXT})
+    speech: SpeechModel | None = None
 
     @property
     def encoder_decoder(self) -> bool:

@@ -36,8 +36,8 @@ class TokenizerService:
             )
         return await asyncio.to_thread(self._render_chat, messages)
 
-    async def encode_text(self, text: str) -> list[int]:
-        return await asyncio.to_thread(self._encode, text)
+    async def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await asyncio.to_thread(self._encode, text, add_special_tokens)
 
     async def decode(self, token_ids: list[int]) -> str:
         return await asyncio.to_thread(self._decode, token_ids)
@@ -54,9 +54,13 @@ class TokenizerService:
                 raise BadRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
             return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def _encode(self, text: str) -> list[int]:
+    def decode_now(self, token_ids: list[int]) -> str:
+        """Decodes on the calling thread (one that may block: not the event loop)."""
+        return self._decode(token_ids)
+
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._lock:
-            return list(self._tokenizer.encode(text))
+            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _decode(self, token_ids: list[int]) -> str:
         with self._lock:

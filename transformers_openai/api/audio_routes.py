@@ -1,0 +1,136 @@
+"""/v1/audio/transcriptions and /v1/audio/translations: multipart forms in, the five formats or SSE events out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Request, Response, UploadFile
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from transformers_openai.api.openapi import error_responses
+from transformers_openai.api.routes import CLIENT_CLOSED_REQUEST, disconnect_waiter
+from transformers_openai.api.sse import sse_response
+from transformers_openai.api.state import AppState
+from transformers_openai.protocol.audio import (
+    Granularity,
+    ResponseFormat,
+    Task,
+    Transcription,
+    TranscriptionRequest,
+    TranscriptionVerbose,
+)
+from transformers_openai.serving.disconnect import ClientDisconnected
+from transformers_openai.serving.errors import BadRequestError, PayloadTooLargeError
+from transformers_openai.serving.transcript_formats import MEDIA_TYPES
+
+_TEXT_FORMATS = {media.split(";")[0]: {"schema": {"type": "string"}} for media in MEDIA_TYPES.values()}
+_TEXT_FORMATS["text/event-stream"] = {"schema": {"type": "string", "description": "transcript.text.* events"}}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": Transcription | TranscriptionVerbose,
+        "description": "json or verbose_json; text, srt and vtt as plain text; with stream=true, "
+        "`transcript.text.delta` events, `transcript.text.segment` for srt/vtt, then `transcript.text.done`",
+        "content": _TEXT_FORMATS,
+    },
+    **error_responses(400, 401, 404, 413, 429, 503),
+}
+
+FileField = Annotated[UploadFile, File(description="The audio: wav, flac, mp3, ogg/opus, webm, m4a, ...")]
+ModelField = Annotated[str, Form(description="The served model's id")]
+PromptField = Annotated[str | None, Form(description="Text to condition the first window on (spelling, names)")]
+FormatField = Annotated[ResponseFormat, Form()]
+TemperatureField = Annotated[float, Form(ge=0.0, le=1.0, description="0: greedy, with fallback to hotter retries")]
+
+
+def build_audio_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/audio/transcriptions", responses=_RESPONSES, response_model=None)
+    async def transcriptions(
+        request: Request,
+        file: FileField,
+        model: ModelField,
+        language: Annotated[str | None, Form(description="ISO-639-1 code of the audio's language")] = None,
+        prompt: PromptField = None,
+        response_format: FormatField = "json",
+        temperature: TemperatureField = 0.0,
+        granularities: Annotated[list[Granularity] | None, Form(alias="timestamp_granularities[]")] = None,
+        granularities_plain: Annotated[list[Granularity] | None, Form(alias="timestamp_granularities")] = None,
+        stream: Annotated[bool, Form(description="Send text as it is decoded (Server-Sent Events)")] = False,
+    ) -> Response:
+        asked = frozenset([*(granularities or ()), *(granularities_plain or ())])
+        if asked and response_format != "verbose_json":
+            raise BadRequestError(
+                "timestamp_granularities needs response_format 'verbose_json'", param="timestamp_granularities"
+            )
+        fields = dict(language=language, granularities=asked, stream=stream)
+        return await _serve(request, "transcribe", file, model, prompt, response_format, temperature, fields)
+
+    @router.post("/audio/translations", responses=_RESPONSES, response_model=None)
+    async def translations(
+        request: Request,
+        file: FileField,
+        model: ModelField,
+        prompt: PromptField = None,
+        response_format: FormatField = "json",
+        temperature: TemperatureField = 0.0,
+    ) -> Response:
+        return await _serve(request, "translate", file, model, prompt, response_format, temperature, {})
+
+    return router
+
+
+async def _serve(
+    request: Request,
+    task: Task,
+    file: UploadFile,
+    model: str,
+    prompt: str | None,
+    response_format: ResponseFormat,
+    temperature: float,
+    fields: dict[str, Any],
+) -> Response:
+    app = request.app
+    app.state.metrics.on_request("translations" if task == "translate" else "transcriptions")
+    state: AppState = app.state.serving
+    handler = state.handlers().transcriptions
+    try:
+        audio = await _read_limited(file, app.state.settings.max_audio_bytes)
+        filename = file.filename or ""
+    finally:
+        await file.close()
+    body = TranscriptionRequest(
+        audio=audio,
+        filename=filename,
+        model=model,
+        task=task,
+        prompt=prompt,
+        response_format=response_format,
+        temperature=temperature,
+        **fields,
+    )
+    request_id = request.scope.get("state", {}).get("request_id")
+    try:
+        result = await handler.create(body, disconnect_waiter(request), request_id)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if isinstance(result, BaseModel):
+        return JSONResponse(result.model_dump(exclude_none=True))
+    if isinstance(result, str):
+        return Response(result, media_type=MEDIA_TYPES[response_format])
+    settings = app.state.settings
+    return sse_response(result, request_id or "-", settings.stream_stall_timeout, app.state.metrics.on_stream_stalled)
+
+
+async def _read_limited(file: UploadFile, limit: int) -> bytes:
+    if file.size is not None and file.size > limit:
+        raise _too_large(limit)
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(limit)
+    return data
+
+
+def _too_large(limit: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"the audio file is larger than this server's limit of {limit} bytes")

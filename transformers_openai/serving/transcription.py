@@ -1,0 +1,370 @@
+"""Transcriptions and translations: long-form Whisper decoding, window after window, on the shared engine.
+
+Each 30 s window is one engine request, so the windows of many requests share the batch. A request's next
+window is submitted when its previous one finishes (a continuation: admitted even at capacity, ahead of the
+queue). The rules are OpenAI whisper's: the seek follows the last timestamp, the previous text is the next
+window's prompt, a window whose text is repetitive or unlikely is decoded again hotter (the encoder output is
+reused), a window that is likely silence is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel
+
+from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.protocol.audio import (
+    TranscriptionRequest,
+    TranscriptionSegment,
+    TranscriptionWord,
+    TranscriptTextDelta,
+    TranscriptTextDone,
+    TranscriptTextSegment,
+)
+from transformers_openai.serving.audio import decode_audio
+from transformers_openai.serving.base import check_output
+from transformers_openai.serving.context import ServingContext, SpeechModel
+from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
+from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
+from transformers_openai.serving.longform import (
+    FRAMES_PER_POSITION,
+    FRAMES_PER_SECOND,
+    PROMPT_RESET_TEMPERATURE,
+    WINDOW_FRAMES,
+    Attempt,
+    SegmentTokens,
+    split_window,
+    temperatures,
+)
+from transformers_openai.serving.transcript_formats import Transcript, render
+from transformers_openai.serving.word_timing import SegmentSpan, alignment_rows, word_timestamps
+
+logger = logging.getLogger(__name__)
+
+MAX_TOKENS_PER_WINDOW = 224  # half the decoder's 448 positions, as OpenAI samples
+
+
+@dataclass
+class _Audio:
+    """A request's audio, ready to decode: log-mel features with 30 s of silence after the content."""
+
+    features: np.ndarray  # [n_mels, content_frames + 3000]
+    content_frames: int
+    duration: float
+
+
+@dataclass
+class _Progress:
+    """Where a transcription stands."""
+
+    request_id: str
+    transcript: Transcript
+    started: float = field(default_factory=time.monotonic)
+    first_text_at: float | None = None
+    windows: int = 0
+    tokens: int = 0
+
+
+class TranscriptionHandler:
+    """Serves /v1/audio/transcriptions and /v1/audio/translations for a speech model."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        if ctx.speech is None:
+            raise ValueError("a transcription handler needs a speech model")
+        self.ctx = ctx
+        self.speech: SpeechModel = ctx.speech
+
+    async def create(
+        self, request: TranscriptionRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
+    ) -> BaseModel | str | AsyncIterator[BaseModel]:
+        """The response body (a model, or the string of text/srt/vtt), or a stream of events."""
+        if request.model not in self.ctx.model_aliases:
+            raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        language = self._language(request)
+        base_id = request_id or uuid.uuid4().hex
+        audio = await asyncio.to_thread(self._prepare, request)
+        prompt = await self._prompt(request)
+        if language is None:
+            language = await self._detect_language(audio)
+        progress = _Progress(base_id, Transcript(task=request.task, language=language, duration=audio.duration))
+        # The first window goes in now, so a full server answers 429 before any response starts.
+        first = self._submit(base_id, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
+        segments = self._segments(base_id, request, language, audio, prompt, progress, first)
+        if request.stream:
+            return self._events(request, progress, segments)
+        await until_disconnect(self._collect(segments), wait_disconnect, base_id)
+        self._finished(request, progress)
+        return render(progress.transcript, request.response_format, request.word_timestamps)
+
+    # -- request checks and preparation
+    def _language(self, request: TranscriptionRequest) -> str | None:
+        tokens = self.speech.tokens
+        if request.task == "translate" and not tokens.multilingual:
+            raise BadRequestError(
+                "this model is English-only and cannot translate; use /v1/audio/transcriptions", param="model"
+            )
+        if request.language is None:
+            return None if tokens.multilingual else "en"
+        code = request.language.strip().lower()
+        if not tokens.multilingual:
+            if code != "en":
+                raise BadRequestError(
+                    f"this model is English-only; language '{request.language}' is not supported", param="language"
+                )
+            return code
+        if code not in tokens.languages:
+            raise BadRequestError(
+                f"'{request.language}' is not a language this model knows (ISO-639-1 codes such as 'en', 'de')",
+                param="language",
+            )
+        return code
+
+    def _prepare(self, request: TranscriptionRequest) -> _Audio:
+        """Decodes the file and computes its log-mel features (blocking: runs in a worker thread)."""
+        speech = self.speech
+        rate = speech.sampling_rate
+        samples = decode_audio(request.audio, rate, speech.max_audio_seconds, request.filename)
+        padded = np.concatenate([samples, np.zeros(WINDOW_FRAMES * speech.hop_length, dtype=np.float32)])
+        features = speech.feature_extractor(
+            padded, sampling_rate=rate, truncation=False, padding="do_not_pad", return_tensors="np"
+        ).input_features[0]
+        content = samples.size // speech.hop_length
+        return _Audio(np.ascontiguousarray(features[:, : content + WINDOW_FRAMES]), content, samples.size / rate)
+
+    async def _prompt(self, request: TranscriptionRequest) -> list[int]:
+        if not request.prompt or not request.prompt.strip():
+            return []
+        ids = await self.ctx.tokenizer.encode_text(" " + request.prompt.strip(), add_special_tokens=False)
+        return [token for token in ids if token < self.speech.tokens.eot]
+
+    async def _detect_language(self, audio: _Audio) -> str:
+        tokens = self.speech.tokens
+        window = audio.features[:, :WINDOW_FRAMES]
+        candidates = dict(tokens.languages)
+        best: int = await self.ctx.engine.call(
+            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()))
+        )
+        return next(code for code, token in candidates.items() if token == best)
+
+    def _prefix(self, request: TranscriptionRequest, language: str, previous: list[int]) -> list[int]:
+        return self.speech.tokens.prefix(
+            language=language if self.speech.tokens.multilingual else None,
+            task=request.task,
+            timestamps=True,
+            previous=previous,
+        )
+
+    # -- decoding, window after window
+    def _submit(
+        self, base_id: str, window: int, attempt: int, prefix: list[int], audio: _Audio, temperature: float,
+        seek: int = 0,
+    ) -> tuple[str, AsyncIterator[RequestOutput]]:
+        """Sends one decoding of one window to the engine; later windows and retries are continuations."""
+        engine_id = f"{base_id}-w{window}-t{attempt}"
+        limit = min(MAX_TOKENS_PER_WINDOW, self.ctx.max_model_len - len(prefix))
+        params = SamplingParams(max_tokens=limit, temperature=temperature, logprobs=0)
+        features = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
+        inputs = {"input_features": features, "window_id": f"{base_id}-w{window}"}
+        request = EngineRequest(engine_id, prefix, params, inputs, continuation=window > 0 or attempt > 0)
+        return engine_id, self.ctx.engine.submit([request])[0]
+
+    async def _segments(
+        self,
+        base_id: str,
+        request: TranscriptionRequest,
+        language: str,
+        audio: _Audio,
+        prompt: list[int],
+        progress: _Progress,
+        first: tuple[str, AsyncIterator[RequestOutput]],
+    ) -> AsyncIterator[TranscriptionSegment]:
+        """The segments in order, as their windows finish; closing it early aborts the window in flight."""
+        tokens = self.speech.tokens
+        carried, reset_since = list(prompt), 0
+        seek, window, last_speech = 0, 0, 0.0
+        pending: tuple[str, AsyncIterator[RequestOutput]] | None = first
+        transcript = progress.transcript
+        try:
+            while seek < audio.content_frames:
+                size = min(WINDOW_FRAMES, audio.content_frames - seek)
+                prefix = self._prefix(request, language, carried[reset_since:])
+                attempt = await self._decode_window(base_id, window, prefix, audio, seek, request.temperature, pending)
+                pending = None
+                window += 1
+                progress.windows += 1
+                progress.tokens += len(attempt.tokens)
+                if attempt.is_silence:
+                    seek += size
+                    continue
+                split = split_window(attempt.tokens, tokens.eot, tokens.timestamp_begin, size)
+                start = seek / FRAMES_PER_SECOND
+                bounds = [(start + part.start, start + part.end) for part in split.segments]
+                words: list[list[TranscriptionWord]] = [[] for _ in split.segments]
+                if request.word_timestamps and split.segments:
+                    bounds, words, last_speech = await self._words(
+                        audio, seek, size, split.segments, bounds, last_speech, language
+                    )
+                for part, (seg_start, seg_end), seg_words in zip(split.segments, bounds, words, strict=True):
+                    seg_end = min(seg_end, transcript.duration)
+                    if seg_end <= seg_start:
+                        continue
+                    segment = TranscriptionSegment(
+                        id=len(transcript.segments),
+                        seek=seek,
+                        start=round(seg_start, 2),
+                        end=round(seg_end, 2),
+                        text=await self.ctx.tokenizer.decode(part.text_tokens),
+                        tokens=part.tokens,
+                        temperature=attempt.temperature,
+                        avg_logprob=attempt.avg_logprob,
+                        compression_ratio=attempt.compression_ratio,
+                        no_speech_prob=attempt.no_speech_prob,
+                    )
+                    transcript.segments.append(segment)
+                    transcript.words.extend(seg_words)
+                    if progress.first_text_at is None and segment.text.strip():
+                        progress.first_text_at = time.monotonic()
+                    yield segment
+                carried.extend(token for part in split.segments for token in part.tokens)
+                if attempt.temperature > PROMPT_RESET_TEMPERATURE:
+                    reset_since = len(carried)
+                seek += split.advance
+        finally:
+            if pending is not None:
+                self.ctx.engine.abort(pending[0])
+
+    async def _decode_window(
+        self,
+        base_id: str,
+        window: int,
+        prefix: list[int],
+        audio: _Audio,
+        seek: int,
+        temperature: float,
+        pending: tuple[str, AsyncIterator[RequestOutput]] | None,
+    ) -> Attempt:
+        """Decodes a window, again at higher temperatures while its text looks repetitive or unlikely."""
+        attempt: Attempt | None = None
+        for number, hotter in enumerate(temperatures(temperature)):
+            if number == 0 and pending is not None:
+                engine_id, stream = pending
+            else:
+                engine_id, stream = self._submit(base_id, window, number, prefix, audio, hotter, seek)
+            attempt = await self._attempt(engine_id, stream, hotter)
+            if not attempt.needs_fallback:
+                break
+        assert attempt is not None
+        return attempt
+
+    async def _attempt(self, engine_id: str, stream: AsyncIterator[RequestOutput], temperature: float) -> Attempt:
+        eot = self.speech.tokens.eot
+        sampled: list[int] = []
+        logprob_sum = 0.0
+        no_speech = 0.0
+        try:
+            async for output in stream:
+                check_output(output)
+                sampled.extend(output.token_ids)
+                logprob_sum += sum(entry.logprob for entry in output.logprobs or ())
+                if output.info:
+                    no_speech = float(output.info.get("no_speech_prob", no_speech))
+        finally:
+            self.ctx.engine.abort(engine_id)
+        if sampled and sampled[-1] == eot:
+            sampled.pop()
+        text = await self.ctx.tokenizer.decode([token for token in sampled if token < eot])
+        return Attempt(sampled, logprob_sum, temperature, no_speech, text)
+
+    async def _words(
+        self,
+        audio: _Audio,
+        seek: int,
+        size: int,
+        parts: list[SegmentTokens],
+        bounds: list[tuple[float, float]],
+        last_speech: float,
+        language: str,
+    ) -> tuple[list[tuple[float, float]], list[list[TranscriptionWord]], float]:
+        """Word times of one window from its alignment heads (one teacher-forced pass on the engine thread)."""
+        tokens = self.speech.tokens
+        text = [token for part in parts for token in part.text_tokens]
+        spans, at = [], 0
+        for part, (start, end) in zip(parts, bounds, strict=True):
+            spans.append(SegmentSpan(start, end, at, at + len(part.text_tokens)))
+            at += len(part.text_tokens)
+        forced = [*self._untimed_prefix(language), *text, tokens.eot]
+        window = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
+        weights = await self.ctx.engine.call(lambda runner: runner.alignment_weights(window, forced))
+        timed = await asyncio.to_thread(
+            word_timestamps,
+            alignment_rows(weights, len(text)),
+            num_frames=size // FRAMES_PER_POSITION,
+            text_tokens=text,
+            decode=self.ctx.tokenizer.decode_now,
+            window_start=seek / FRAMES_PER_SECOND,
+            segments=spans,
+            last_speech_time=last_speech,
+            language=language,
+        )
+        words: list[list[TranscriptionWord]] = [[] for _ in parts]
+        for word in timed.words:
+            words[word.segment].append(TranscriptionWord(word=word.word.strip(), start=word.start, end=word.end))
+        return timed.segments, words, timed.last_speech_time
+
+    def _untimed_prefix(self, language: str) -> list[int]:
+        tokens = self.speech.tokens
+        return tokens.prefix(
+            language=language if tokens.multilingual else None, task="transcribe", timestamps=False, previous=[]
+        )
+
+    async def _collect(self, segments: AsyncIterator[TranscriptionSegment]) -> None:
+        async for _ in segments:
+            pass
+
+    async def _events(
+        self, request: TranscriptionRequest, progress: _Progress, segments: AsyncIterator[TranscriptionSegment]
+    ) -> AsyncIterator[BaseModel]:
+        sent = ""
+        raw = ""
+        cues = request.response_format in ("srt", "vtt")
+        try:
+            async for segment in segments:
+                raw += segment.text
+                full = raw.strip()
+                if len(full) > len(sent):
+                    yield TranscriptTextDelta(delta=full[len(sent) :])
+                    sent = full
+                if cues:
+                    yield TranscriptTextSegment(
+                        id=f"seg_{segment.id}", start=segment.start, end=segment.end, text=segment.text.strip()
+                    )
+            transcript = progress.transcript
+            yield TranscriptTextDone(text=transcript.text, usage=transcript.usage)
+            self._finished(request, progress)
+        finally:
+            await segments.aclose()  # type: ignore[attr-defined]
+
+    def _finished(self, request: TranscriptionRequest, progress: _Progress) -> None:
+        request_id = progress.request_id
+        elapsed = time.monotonic() - progress.started
+        audio_s = progress.transcript.duration
+        rtf = elapsed / audio_s if audio_s > 0 else 0.0
+        ttft = (progress.first_text_at - progress.started) if progress.first_text_at else None
+        logger.info(
+            "transcription %s finished: audio=%.2fs windows=%d tokens=%d time_to_first_text=%s rtf=%.3f",
+            request_id, audio_s, progress.windows, progress.tokens,
+            "-" if ttft is None else f"{ttft:.3f}s", rtf,
+            extra={"request_id": request_id, "audio_seconds": audio_s, "windows": progress.windows,
+                   "tokens": progress.tokens, "time_to_first_text_s": ttft, "real_time_factor": rtf},
+        )
+        if self.speech.observer is not None:
+            endpoint = "translations" if request.task == "translate" else "transcriptions"
+            self.speech.observer.on_transcription(endpoint, audio_s, rtf)
