@@ -23,6 +23,11 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
+# ffmpeg: the audio endpoints decode webm and m4a with it (libsndfile, in the soundfile wheel, reads the rest).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ffmpeg \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN python -c "import torch" 2>/dev/null \
     || python -m pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
 
