@@ -10,7 +10,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.model_factory import build_tiny_llama, cache_root, export_smollm2  # noqa: E402
+from tests.model_factory import build_tiny_llama, cache_root, convert_whisper_tiny_en, export_smollm2  # noqa: E402
+
+AUDIO = Path(__file__).resolve().parent / "data" / "audio"
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +23,13 @@ def tiny_llama_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     return export_smollm2(cache_root() / "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def whisper_dir() -> Path:
+    return convert_whisper_tiny_en(cache_root() / "whisper-tiny-en")
+
+
+@pytest.fixture(scope="session")
+def audio_dir() -> Path:
+    return AUDIO

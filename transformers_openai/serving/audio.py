@@ -74,7 +74,7 @@ def _with_ffmpeg(data: bytes, sampling_rate: int, name: str) -> np.ndarray:
         except subprocess.TimeoutExpired as exc:
             raise BadRequestError(f"{name} took too long to decode", param="file", code="invalid_audio") from exc
     if done.returncode != 0:
-        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        reason = done.stderr.decode("utf-8", "replace").replace(source.name, "input").strip().splitlines()
         detail = reason[-1][:200] if reason else "unknown format"
         logger.info("ffmpeg could not decode %s: %s", name, detail)
         raise BadRequestError(
