@@ -11,6 +11,6 @@ if ! command -v ffmpeg >/dev/null && command -v apt-get >/dev/null && [ "$(id -u
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends ffmpeg) >/dev/null 2>&1 \
     || echo "note: ffmpeg not installed; the webm and m4a tests will be skipped"
 fi
-ruff check transformers_openai tests benchmarks stress-test
+ruff check transformers_openai tests stress-test scripts
 mypy transformers_openai
 python -m pytest -q -p no:cacheprovider "$@"

@@ -45,6 +45,9 @@ class FaultyRunner:
     def output_limit(self, prompt_len: int) -> int:
         return self.inner.output_limit(prompt_len)
 
+    def prefill_overhead(self, job: PrefillJob) -> int:
+        return self.inner.prefill_overhead(job)
+
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
         poisoned = job.prompt_token_ids[0] == MARKER
         if poisoned and self.fail_in == "prefill":

@@ -123,3 +123,25 @@ def test_a_continuation_goes_to_the_head_of_the_queue(tokenizer) -> None:
     for s in (seq("first"), seq("second"), seq("window-2", continuation=True)):
         scheduler.add(s)
     assert list(scheduler.waiting) == ["window-2", "first", "second"]
+
+
+def test_an_encoder_overhead_counts_against_the_prefill_budget(make) -> None:
+    """Windows of speech (1-token prompts, a 1500-position encoder pass each): two fit a 4096 budget per step."""
+    scheduler = Scheduler(max_running=16, max_waiting=16, max_prefill_tokens=4096)
+    for name in "abcde":
+        seq = make(name, prompt_len=1)
+        seq.prefill.overhead = 1500
+        scheduler.add(seq)
+    assert admit(scheduler) == ["a", "b"]
+    assert admit(scheduler) == ["c", "d"]
+    assert admit(scheduler) == ["e"]
+
+
+def test_an_overhead_over_the_whole_budget_still_makes_progress(make) -> None:
+    scheduler = Scheduler(max_running=4, max_waiting=4, max_prefill_tokens=100)
+    for name in "ab":
+        seq = make(name, prompt_len=3)
+        seq.prefill.overhead = 1500
+        scheduler.add(seq)
+    assert admit(scheduler) == ["a"]
+    assert admit(scheduler) == ["b"]

@@ -41,6 +41,7 @@ class EngineCore:
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
         seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self.runner.prompt_in_decoder)
+        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:

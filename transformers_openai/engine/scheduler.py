@@ -38,6 +38,8 @@ class Scheduler:
         """This step's prefill work: (sequence, prompt tokens to process), oldest first.
 
         Prefills already under way continue first; then waiting requests start while rows and budget remain.
+        A request's declared overhead (an encoder pass) counts against the budget too: one whose overhead does
+        not fit waits for the next step, unless nothing else is planned (every step makes progress).
         """
         plan: list[tuple[Sequence, int]] = []
         budget = self.max_prefill_tokens
@@ -48,11 +50,14 @@ class Scheduler:
             plan.append((seq, take))
             budget -= take
         while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
+            overhead = next(iter(self.waiting.values())).prefill.overhead
+            if plan and overhead >= budget:
+                break
             _, seq = self.waiting.popitem(last=False)
             self.prefilling[seq.request_id] = seq
             take = min(seq.prefill.remaining, budget)
             plan.append((seq, take))
-            budget -= take
+            budget -= take + overhead
         return plan
 
     def start(self, seq: Sequence) -> None:

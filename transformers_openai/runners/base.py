@@ -18,6 +18,9 @@ class PrefillJob:
     done: int = 0  # prompt tokens processed so far
     state: Any = None  # the runner's partial cache between chunks
     info: dict[str, float] = field(default_factory=dict)  # what the runner learned while prefilling (reported once)
+    # What starting this prefill costs beyond its tokens, in prompt-token units (an encoder pass), as the runner
+    # declares it: the scheduler's per-step prefill budget counts it.
+    overhead: int = 0
 
     @property
     def remaining(self) -> int:
@@ -59,6 +62,10 @@ class ModelRunner(Protocol):
 
     def output_limit(self, prompt_len: int) -> int:
         """Most tokens a request with this prompt length may generate."""
+        ...
+
+    def prefill_overhead(self, job: PrefillJob) -> int:
+        """What starting this job's prefill costs beyond its tokens, in token units (0 for a decoder-only model)."""
         ...
 
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:

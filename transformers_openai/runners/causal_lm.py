@@ -30,6 +30,9 @@ class CausalLMRunner:
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len
 
+    def prefill_overhead(self, job: PrefillJob) -> int:
+        return 0  # its tokens are the whole cost
+
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
         # The request's own cache grows chunk by chunk; the row joins the batch when the prompt is in.

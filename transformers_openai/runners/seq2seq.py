@@ -41,6 +41,9 @@ class Seq2SeqRunner:
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len
 
+    def prefill_overhead(self, job: PrefillJob) -> int:
+        return 0  # the prompt is the encoder's input: its tokens are the cost
+
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.

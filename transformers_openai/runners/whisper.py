@@ -60,6 +60,10 @@ class WhisperRunner(Seq2SeqRunner):
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
 
+    def prefill_overhead(self, job: PrefillJob) -> int:
+        """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
+        return 0 if job.model_inputs.get("window_id") in self._encoded else self.max_input_len
+
     def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
         features = torch.as_tensor(job.model_inputs["input_features"], device=self.device, dtype=self.model.dtype)
         if features.dim() == 2:

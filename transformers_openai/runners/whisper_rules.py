@@ -53,43 +53,53 @@ class WhisperRules:
         self._apply_suppress(logits, first)
         timed = [i for i, row in enumerate(rows) if self.tokens.no_timestamps not in row.prompt_ids]
         if timed:
-            sub = logits[timed]
-            self._apply_timestamp_rules(sub, [rows[i].output_ids for i in timed])
-            logits[timed] = sub
+            self._apply_timestamp_rules(logits, timed, [rows[i].output_ids for i in timed])
 
     def _apply_suppress(self, logits: torch.Tensor, first: list[bool]) -> None:
         if any(first) and self._begin_suppress.numel():
-            at_begin = torch.tensor(first, device=logits.device)
-            logits[:, self._begin_suppress] = logits[:, self._begin_suppress].masked_fill(at_begin[:, None], _NEG_INF)
+            at_begin = torch.tensor([i for i, is_first in enumerate(first) if is_first], device=logits.device)
+            logits[at_begin[:, None], self._begin_suppress] = _NEG_INF
         if self._suppress.numel():
             logits[:, self._suppress] = _NEG_INF
 
-    def _apply_timestamp_rules(self, logits: torch.Tensor, outputs: Sequence[Sequence[int]]) -> None:
-        """The rules of timestamp mode, in place on `[rows, vocab]` logits whose rows sampled `outputs` so far."""
+    def _apply_timestamp_rules(self, logits: torch.Tensor, timed: list[int], outputs: Sequence[Sequence[int]]) -> None:
+        """The rules of timestamp mode, in place on the rows `timed` of `[rows, vocab]` logits.
+
+        Each rule touches only its region of the vocabulary (text below end of text, or the timestamps), and
+        only the rows it applies to, so a step costs little more than one pass over the logits.
+        """
         begin, eot = self.tokens.timestamp_begin, self.tokens.eot
-        vocab = self._vocab[: logits.shape[-1]]
-        logits[:, self.tokens.no_timestamps] = _NEG_INF
-        states = [_row_state(output, begin) for output in outputs]
         device = logits.device
-        only_text = torch.tensor([s.only_text for s in states], device=device)[:, None]
-        no_text = torch.tensor([s.no_text for s in states], device=device)[:, None]
-        floor = torch.tensor([s.floor for s in states], device=device)[:, None]
-        is_timestamp = vocab >= begin
-        mask = (only_text & is_timestamp) | (no_text & (vocab < eot)) | (is_timestamp & (vocab < floor))
-        first = torch.tensor([not output for output in outputs], device=device)[:, None]
-        if bool(first.any()):
-            initial = ~is_timestamp
+        logits[timed, self.tokens.no_timestamps] = _NEG_INF
+        states = [_row_state(output, begin) for output in outputs]
+        only_text = [row for row, state in zip(timed, states, strict=True) if state.only_text]
+        no_text = [row for row, state in zip(timed, states, strict=True) if state.no_text]
+        starting = [row for row, output in zip(timed, outputs, strict=True) if not output]
+        if only_text:
+            logits[only_text, begin:] = _NEG_INF
+        if no_text:
+            logits[no_text, :eot] = _NEG_INF
+        floors = [(row, state.floor) for row, state in zip(timed, states, strict=True) if state.floor > begin]
+        if floors:
+            index = torch.tensor([row for row, _ in floors], device=device)
+            floor = torch.tensor([value for _, value in floors], device=device)[:, None]
+            stamps = self._vocab[begin : logits.shape[-1]]
+            region = logits[index, begin:]
+            logits[index, begin:] = region.masked_fill(stamps < floor, _NEG_INF)
+        if starting:
+            logits[starting, :begin] = _NEG_INF
             limit = self.tokens.max_initial_timestamp_index
             if limit is not None:
-                initial = initial | (vocab > begin + limit)
-            mask |= first & initial
-        logits.masked_fill_(mask, _NEG_INF)
-        # Where the timestamps together are likelier than any single text token, a timestamp it is.
-        logprobs = logits.log_softmax(dim=-1)
-        timestamp_mass = logprobs[:, begin:].logsumexp(dim=-1)
-        best_text = logprobs[:, :begin].max(dim=-1).values
-        force = (timestamp_mass > best_text)[:, None]
-        logits[:, :begin] = logits[:, :begin].masked_fill(force, _NEG_INF)
+                logits[starting, begin + limit + 1 :] = _NEG_INF
+        # Where the timestamps together are likelier than any single text token, a timestamp it is. Both sides
+        # share the row's softmax normalizer, so the raw logits compare as the log-probabilities would.
+        rows = torch.tensor(timed, device=device)
+        selected = logits if len(timed) == logits.shape[0] else logits[rows]
+        timestamp_mass = selected[:, begin:].logsumexp(dim=-1)
+        best_text = selected[:, :begin].max(dim=-1).values
+        forced = rows[timestamp_mass > best_text]
+        if forced.numel():
+            logits[forced, :begin] = _NEG_INF
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Serving benchmark: our continuous-batching server vs `transformers serve` vs a bare `generate()` loop.
+"""The comparison mode of the stress test: our server vs `transformers serve` vs a bare `generate()` loop.
+
+Endpoints (`--endpoint`): `completions` and `chat` (text models), `transcription` (Whisper: multipart uploads of
+the clips in `--audio-dir`, streamed, so time to first text is the first `transcript.text.delta`; throughput is
+seconds of audio transcribed per second of wall time).
 
 Targets (`--target`, repeatable, or `all`):
 
@@ -11,7 +15,12 @@ Targets (`--target`, repeatable, or `all`):
   its `generation_config` field (`min_new_tokens = max_new_tokens = --max-tokens`). It ignores
   `stream_options` but always sends a final usage chunk, and it ends streams without `[DONE]`. Its
   continuous-batching manager keeps the generation config of the first (warm-up) request.
-* `generate-loop`: in-process `model.generate()` (fp32, CPU, sdpa), one prompt at a time.
+* `generate-loop`: in-process `model.generate()` (fp32, CPU, sdpa), one prompt (or clip) at a time; for a clip
+  over 30 s, transformers' own sequential long-form `generate` on the whole feature sequence.
+
+For transcription, `transformers serve` runs without `--continuous-batching` (it serves audio one request at a
+time either way), non-streaming (it streams raw text, not events), and it drops the audio past 30 s: its figures
+count the seconds it was sent, and the report says so.
 
 For every target and concurrency a closed loop keeps `concurrency` requests in flight until
 `--requests` have completed. Reported: output tokens/s (all output tokens / batch wall time), TTFT
@@ -19,19 +28,20 @@ p50/p99 (send -> first content delta), ITL p50 (gaps between content chunks), E2
 A markdown table goes to stdout and everything to a JSON file (`--out`). Only loopback addresses
 are contacted; spawned servers are always killed at the end.
 
-Example:
-    python benchmarks/bench_serving.py --model .cache/models/smollm2-135m-instruct --target all
+Examples:
+    python stress-test/compare.py --model .cache/models/smollm2-135m-instruct --target all
+    python stress-test/compare.py --endpoint transcription --model .cache/models/whisper-tiny-en --target all
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,18 +51,20 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from importlib.metadata import version
 from importlib.util import find_spec
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+from loadclient import StreamTimer
+from loadserver import free_port, is_loopback
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("server", "transformers-serve", "generate-loop")
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
+DEFAULT_AUDIO = REPO_ROOT / "tests" / "data" / "audio"
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".webm", ".m4a")
 
 PROMPTS = [
     "Hello!",
@@ -88,6 +100,7 @@ class Result:
     ttft: float | None = None
     itls: list[float] = field(default_factory=list)
     error: str | None = None
+    audio_s: float = 0.0  # seconds of audio transcribed (transcription only)
 
 
 @dataclass
@@ -101,6 +114,7 @@ class Row:
     output_tokens: int = 0
     wall_s: float | None = None
     output_tok_s: float | None = None
+    audio_s_per_s: float | None = None
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
     itl_p50_ms: float | None = None
@@ -119,10 +133,13 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
     if errors and not note:
         note = f"first error: {errors[0]}"[:200]
     ttfts, itls = [r.ttft for r in good if r.ttft is not None], [g for r in good for g in r.itls]
-    tok_s = round(tokens / wall, 2) if wall > 0 else None
+    tok_s = round(tokens / wall, 2) if wall > 0 and tokens else None
+    audio = sum(r.audio_s for r in good)
+    audio_rate = round(audio / wall, 2) if wall > 0 and audio else None
     ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3)), pct([r.e2e for r in good], 50)
     return Row(
-        target, conc, len(results), len(errors), tokens, round(wall, 3), tok_s, *ttft, pct(itls, 50, 1e3), e2e, note
+        target, conc, len(results), len(errors), tokens, round(wall, 3), tok_s, audio_rate, *ttft,
+        pct(itls, 50, 1e3), e2e, note,
     )
 
 
@@ -131,20 +148,18 @@ def pick_prompts(n: int, seed: int) -> list[str]:
     return [PROMPTS[rng.randrange(len(PROMPTS))] for _ in range(n)]
 
 
+def inputs(args: argparse.Namespace, n: int, seed: int) -> list[Any]:
+    """The prompts, or for transcription the clips, of one level."""
+    return pick_clips(args.clips, n, seed) if args.endpoint == "transcription" else pick_prompts(n, seed)
+
+
 def n_requests(args: argparse.Namespace, conc: int) -> int:
     return args.requests if args.requests else max(2 * conc, 8)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def check_loopback(url: str) -> str:
-    host = urlsplit(url).hostname
-    if host not in LOOPBACK:
-        raise SystemExit(f"refusing non-loopback URL {url!r}: only {sorted(LOOPBACK)} are allowed")
+    if not is_loopback(url):
+        raise SystemExit(f"refusing non-loopback URL {url!r}: only loopback addresses are allowed")
     return url.rstrip("/")
 
 
@@ -172,46 +187,91 @@ def request_body(args: argparse.Namespace, target: str, model: str, prompt: str)
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any], chat: bool) -> Result:
-    """Send one streaming request; time the content-bearing SSE chunks."""
+    """Send one streaming request; time the content-bearing SSE chunks (the stress test's own parser)."""
     start = time.perf_counter()
-    stamps: list[float] = []
-    usage_tokens: int | None = None
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode(errors="replace")[:200]
                 return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {detail}")
+            timer = StreamTimer(start, chat)
             async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if not timer.feed(line):
                     break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    return Result(False, time.perf_counter() - start, error=f"stream error: {chunk['error']}")
-                for choice in chunk.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                    if text:
-                        stamps.append(time.perf_counter())
-                        break
-                if chunk.get("usage"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
+    except Exception as exc:  # noqa: BLE001 - any failure is one errored request
+        return Result(False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:200])
+    record = timer.record(time.perf_counter())
+    if not record.ok:
+        return Result(False, record.e2e_s, error=f"{record.status}: {record.detail}")
+    return Result(True, record.e2e_s, record.output_tokens, record.ttft_s, record.itl_s)
+
+
+@dataclass(frozen=True)
+class Clip:
+    name: str
+    data: bytes
+    seconds: float
+
+
+def load_clips(audio_dir: Path) -> list[Clip]:
+    import librosa
+
+    clips = []
+    for path in sorted(p for p in audio_dir.iterdir() if p.suffix in AUDIO_SUFFIXES):
+        clips.append(Clip(path.name, path.read_bytes(), float(librosa.get_duration(path=path))))
+    if not clips:
+        raise SystemExit(f"no audio files in {audio_dir}")
+    return clips
+
+
+def pick_clips(clips: list[Clip], n: int, seed: int) -> list[Clip]:
+    """Every clip in turn, shuffled: each level sends the same mix of lengths."""
+    order = [clips[i % len(clips)] for i in range(n)]
+    random.Random(seed).shuffle(order)
+    return order
+
+
+async def transcribe_one(
+    client: httpx.AsyncClient, url: str, clip: Clip, model: str, stream: bool, sent_s: float
+) -> Result:
+    """One transcription; streamed: time to the first text delta, else to the whole response."""
+    start = time.perf_counter()
+    data = {"model": model, "response_format": "json", **({"stream": "true"} if stream else {})}
+    files = {"file": (clip.name, clip.data)}
+    first: float | None = None
+    try:
+        if stream:
+            async with client.stream("POST", url, data=data, files=files) as resp:
+                if resp.status_code != 200:
+                    detail = (await resp.aread()).decode(errors="replace")[:200]
+                    return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {detail}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        return Result(False, time.perf_counter() - start, error=f"stream error: {event['error']}")
+                    if event.get("type") == "transcript.text.delta" and first is None:
+                        first = time.perf_counter()
+        else:
+            resp = await client.post(url, data=data, files=files)
+            if resp.status_code != 200:
+                return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {resp.text[:200]}")
+            first = time.perf_counter() if resp.json().get("text") else None
     except Exception as exc:  # noqa: BLE001 - any failure is one errored request
         return Result(False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:200])
     end = time.perf_counter()
-    if not stamps:
-        return Result(False, end - start, error="no content in stream")
-    tokens = usage_tokens if usage_tokens is not None else len(stamps)
-    return Result(True, end - start, tokens, stamps[0] - start, [b - a for a, b in pairwise(stamps)])
+    if first is None:
+        return Result(False, end - start, error="no text")
+    return Result(True, end - start, 0, first - start, [], audio_s=sent_s)
 
 
 async def closed_loop(
-    args: argparse.Namespace, target: str, base: str, model: str, prompts: list[str], conc: int, budget: float
+    args: argparse.Namespace, target: str, base: str, model: str, prompts: list[Any], conc: int, budget: float
 ) -> tuple[list[Result], float]:
-    """Keep `conc` requests in flight until all prompts are done; returns results and wall time."""
+    """Keep `conc` requests in flight until all prompts (or clips) are done; returns results and wall time."""
     chat = args.endpoint == "chat"
-    url = f"{base}/v1/chat/completions" if chat else f"{base}/v1/completions"
+    url = base + PATHS[args.endpoint]
     timeout = httpx.Timeout(args.request_timeout, connect=10.0)
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
     results: list[Result] = []
@@ -219,8 +279,13 @@ async def closed_loop(
 
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
 
-        async def one(prompt: str) -> Result:
-            coro = stream_one(client, url, request_body(args, target, model, prompt), chat)
+        async def one(prompt: Any) -> Result:
+            if args.endpoint == "transcription":
+                ours = target == "server"  # transformers serve streams raw text and keeps only the first 30 s
+                sent = prompt.seconds if ours else min(prompt.seconds, 30.0)
+                coro = transcribe_one(client, url, prompt, model, ours, sent)
+            else:
+                coro = stream_one(client, url, request_body(args, target, model, prompt), chat)
             try:
                 return await asyncio.wait_for(coro, args.request_timeout)
             except asyncio.TimeoutError:  # noqa: UP041 - TimeoutError only from Python 3.11
@@ -300,7 +365,9 @@ def server_command(args: argparse.Namespace, target: str, port: int) -> list[str
     exe = Path(sys.executable).parent / "transformers"
     if not exe.exists():
         raise RuntimeError(f"no `transformers` CLI next to {sys.executable}")
-    flags = ["--continuous-batching", "--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+    flags = ["--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+    if args.endpoint != "transcription":
+        flags.insert(0, "--continuous-batching")
     return [str(exe), "serve", *flags, *listen, model]
 
 
@@ -326,7 +393,7 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
     if target == "server" and not args.model_name and (resp := get_ok(f"{base}/v1/models")):
         with suppress(ValueError, KeyError, IndexError, TypeError):
             model = str(resp.json()["data"][0]["id"])
-    warm_up = pick_prompts(2, args.seed + 1)
+    warm_up = inputs(args, 2, args.seed + 1)
     warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, 2, deadline - time.monotonic()))
     if not any(r.ok for r in warm):
         raise RuntimeError(f"warm-up failed: {warm[0].error}")
@@ -336,10 +403,12 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
         if left <= 0:
             rows.append(Row(target, conc, note="skipped: run time limit"))
             continue
-        prompts = pick_prompts(n_requests(args, conc), args.seed)
+        prompts = inputs(args, n_requests(args, conc), args.seed)
         results, wall = asyncio.run(closed_loop(args, target, base, model, prompts, conc, left))
         rows.append(summarize(target, conc, results, wall))
-        print(f"  {target} c={conc}: {rows[-1].output_tok_s} tok/s, errors={rows[-1].errors}", file=sys.stderr)
+        row = rows[-1]
+        rate = f"{row.audio_s_per_s} audio s/s" if args.endpoint == "transcription" else f"{row.output_tok_s} tok/s"
+        print(f"  {target} c={conc}: {rate}, errors={rows[-1].errors}", file=sys.stderr)
     return rows
 
 
@@ -347,6 +416,8 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
 
 
 def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
+    if args.endpoint == "transcription":
+        return bench_generate_speech(args, deadline)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -384,6 +455,39 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
     return [summarize("generate-loop", 1, results, wall, note)]
 
 
+def bench_generate_speech(args: argparse.Namespace, deadline: float) -> list[Row]:
+    """Whisper's `generate` on one clip at a time: one window, or transformers' sequential long-form."""
+    import librosa
+    import torch
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    torch.set_num_threads(args.threads)
+    model: Any = WhisperForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).eval()
+    features = WhisperFeatureExtractor.from_pretrained(args.model)
+
+    def run(clip: Clip) -> Result:
+        start = time.perf_counter()
+        audio, _ = librosa.load(io.BytesIO(clip.data), sr=16000, mono=True)
+        long_form = audio.size > 30 * 16000
+        extra = {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
+        inputs = features(audio, sampling_rate=16000, return_tensors="pt", **extra)
+        with torch.inference_mode():
+            model.generate(inputs.input_features, attention_mask=inputs.get("attention_mask"), return_timestamps=True)
+        end = time.perf_counter()
+        return Result(True, end - start, 0, end - start, [], audio_s=clip.seconds)
+
+    run(args.clips[0])  # warm-up
+    results: list[Result] = []
+    note = "sequential"
+    start = time.perf_counter()
+    for clip in pick_clips(args.clips, n_requests(args, 1), args.seed):
+        if time.monotonic() > deadline:
+            note = "sequential; stopped by run time limit"
+            break
+        results.append(run(clip))
+    return [summarize("generate-loop", 1, results, time.perf_counter() - start, note)]
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -398,7 +502,8 @@ def markdown(rows: list[Row]) -> str:
 
 def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float | None]:
     def tps(target: str, conc: int) -> float | None:
-        return next((r.output_tok_s for r in rows if r.target == target and r.concurrency == conc), None)
+        row = next((r for r in rows if r.target == target and r.concurrency == conc), None)
+        return None if row is None else row.output_tok_s or row.audio_s_per_s
 
     lo, hi = min(concurrency), max(concurrency)
     base = tps("generate-loop", 1)
@@ -421,7 +526,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--target", action="append", choices=[*TARGETS, "all"], help="what to run; repeatable (default: all)")
     add("--url", help="benchmark an already running `server` at this loopback base URL instead of spawning one")
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
-    add("--endpoint", choices=["completions", "chat"], default="completions", help="(default: %(default)s)")
+    add("--endpoint", choices=["completions", "chat", "transcription"], default="completions",
+        help="(default: %(default)s)")
+    add("--audio-dir", type=Path, default=DEFAULT_AUDIO, help="clips for transcription (default: %(default)s)")
     add("--concurrency", type=int_list, default="1,4,16", help="comma-separated levels (default: %(default)s)")
     add("--requests", type=int, default=0, help="requests per level (default: max(2*concurrency, 8))")
     add("--max-tokens", type=int, default=64, help="exact output tokens per request (default: %(default)s)")
@@ -432,14 +539,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health (default: %(default)s)")
     add("--time-limit", type=float, default=3600.0, help="seconds for the whole run (default: %(default)s)")
     add("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
-    add("--out", type=Path, help="JSON report (default: benchmarks/results/<timestamp>.json, logs beside it)")
+    add("--out", type=Path, help="JSON report (default: stress-test/results/compare-<timestamp>.json, logs beside it)")
     args = p.parse_args(argv)
     targets = args.target or ["all"]
     args.target = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
     args.url = check_loopback(args.url) if args.url else None
     args.model = args.model.resolve()  # spawned servers run from the repository root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    args.out = args.out or REPO_ROOT / "benchmarks" / "results" / f"{stamp}.json"
+    args.out = args.out or REPO_ROOT / "stress-test" / "results" / f"compare-{stamp}.json"
+    args.clips = load_clips(args.audio_dir) if args.endpoint == "transcription" else []
     return args
 
 
@@ -461,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, value in ratio.items():
         print(f"- {name}: {'-' if value is None else value}")
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "clips"}
+    config["clips"] = [{"name": clip.name, "seconds": round(clip.seconds, 2)} for clip in args.clips]
     versions = {pkg: version(pkg) for pkg in ("torch", "transformers", "httpx")} | {"python": sys.version.split()[0]}
     report = {"config": config, "versions": versions, "results": [asdict(r) for r in rows], "ratios": ratio}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
