@@ -9,6 +9,10 @@ For each load mode found in the inputs (concurrency sweeps, rate sweeps) it writ
 Several summaries of the same mode (e.g. two servers, or CPU and GPU) are drawn in one graph, one
 colour per summary; `--label` names them (default: the file name).
 
+A report of `compare.py` becomes `compare-<endpoint>[-<name>].png`: throughput (output tokens/s, or seconds of
+audio per second for transcription) and TTFT p50 against concurrency, one line per target, the one-at-a-time
+`generate` loop as a dashed level.
+
 Example:
     python stress-test/plot.py stress-test/results/summary-*.json --out-dir stress-test/results
 """
@@ -178,9 +182,32 @@ def plot_all(series: list[Series], out_dir: Path) -> list[Path]:
     return written
 
 
+def compare_figure(report: dict[str, Any], out: Path) -> Path:
+    """Throughput and TTFT p50 of each target of one `compare.py` report against concurrency."""
+    config, rows = report["config"], [r for r in report["results"] if r.get("requests")]
+    speech = config.get("endpoint") == "transcription"
+    key, unit = ("audio_s_per_s", "seconds of audio / s") if speech else ("output_tok_s", "output tokens/s")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    for index, target in enumerate(dict.fromkeys(r["target"] for r in rows)):
+        mine = [r for r in rows if r["target"] == target]
+        if target == "generate-loop":
+            for ax, field in ((axes[0], key), (axes[1], "ttft_p50_ms")):
+                ax.axhline(mine[0][field] or 0, ls="--", color=f"C{index}", label="generate, one at a time")
+            continue
+        loads = [r["concurrency"] for r in mine]
+        axes[0].plot(loads, [r[key] for r in mine], "-", marker="o", ms=4, color=f"C{index}", label=target)
+        axes[1].plot(loads, [r["ttft_p50_ms"] for r in mine], "-", marker="o", ms=4, color=f"C{index}", label=target)
+    concurrency = sorted({r["concurrency"] for r in rows})
+    style_axis(axes[0], "concurrency", concurrency, unit, "Throughput")
+    style_axis(axes[1], "concurrency", concurrency, "ms", "Time to first text (p50)" if speech else "TTFT p50")
+    threads = config.get("threads")
+    fig.suptitle(f"{config.get('endpoint')}: {Path(str(config.get('model'))).name}, {threads} torch thread(s) each")
+    return save(fig, out)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("summaries", nargs="+", type=Path, help="JSON summaries written by loadgen.py --out")
+    p.add_argument("summaries", nargs="+", type=Path, help="JSON of loadgen.py --out or compare.py --out")
     p.add_argument(
         "--out-dir",
         type=Path,
@@ -193,7 +220,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    written = plot_all(load_series(args.summaries, args.label), args.out_dir)
+    reports = {path: json.loads(path.read_text()) for path in args.summaries}
+    compared = [path for path, report in reports.items() if "results" in report and "config" in report]
+    written = [compare_figure(reports[path], args.out_dir / f"{path.stem}.png") for path in compared]
+    summaries = [path for path in args.summaries if path not in compared]
+    if summaries:
+        written += plot_all(load_series(summaries, args.label), args.out_dir)
     for path in written:
         print(path)
     return 0 if written else 1
