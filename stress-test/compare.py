@@ -56,7 +56,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from loadclient import StreamTimer
+from loadclient import Clip, StreamTimer, load_clips, send_transcription
 from loadserver import free_port, is_loopback
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,6 @@ TARGETS = ("server", "transformers-serve", "generate-loop")
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
 DEFAULT_AUDIO = REPO_ROOT / "tests" / "data" / "audio"
-AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".webm", ".m4a")
 
 PROMPTS = [
     "Hello!",
@@ -206,25 +205,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any], 
     return Result(True, record.e2e_s, record.output_tokens, record.ttft_s, record.itl_s)
 
 
-@dataclass(frozen=True)
-class Clip:
-    name: str
-    data: bytes
-    seconds: float
-
-
-def load_clips(audio_dir: Path) -> list[Clip]:
-    import librosa
-
-    clips = []
-    for path in sorted(p for p in audio_dir.iterdir() if p.suffix in AUDIO_SUFFIXES):
-        clips.append(Clip(path.name, path.read_bytes(), float(librosa.get_duration(path=path))))
-    if not clips:
-        raise SystemExit(f"no audio files in {audio_dir}")
-    return clips
-
-
-def pick_clips(clips: list[Clip], n: int, seed: int) -> list[Clip]:
+def pick_clips(clips: tuple[Clip, ...], n: int, seed: int) -> list[Clip]:
     """Every clip in turn, shuffled: each level sends the same mix of lengths."""
     order = [clips[i % len(clips)] for i in range(n)]
     random.Random(seed).shuffle(order)
@@ -234,36 +215,14 @@ def pick_clips(clips: list[Clip], n: int, seed: int) -> list[Clip]:
 async def transcribe_one(
     client: httpx.AsyncClient, url: str, clip: Clip, model: str, stream: bool, sent_s: float
 ) -> Result:
-    """One transcription; streamed: time to the first text delta, else to the whole response."""
-    start = time.perf_counter()
-    data = {"model": model, "response_format": "json", **({"stream": "true"} if stream else {})}
-    files = {"file": (clip.name, clip.data)}
-    first: float | None = None
+    """One transcription (the load tool's own request); `sent_s`: the seconds of audio the target transcribes."""
     try:
-        if stream:
-            async with client.stream("POST", url, data=data, files=files) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread()).decode(errors="replace")[:200]
-                    return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {detail}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                        continue
-                    event = json.loads(line[5:])
-                    if "error" in event:
-                        return Result(False, time.perf_counter() - start, error=f"stream error: {event['error']}")
-                    if event.get("type") == "transcript.text.delta" and first is None:
-                        first = time.perf_counter()
-        else:
-            resp = await client.post(url, data=data, files=files)
-            if resp.status_code != 200:
-                return Result(False, time.perf_counter() - start, error=f"HTTP {resp.status_code}: {resp.text[:200]}")
-            first = time.perf_counter() if resp.json().get("text") else None
+        record = await send_transcription(client, url, clip, model, stream)
     except Exception as exc:  # noqa: BLE001 - any failure is one errored request
-        return Result(False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:200])
-    end = time.perf_counter()
-    if first is None:
-        return Result(False, end - start, error="no text")
-    return Result(True, end - start, 0, first - start, [], audio_s=sent_s)
+        return Result(False, 0.0, error=f"{type(exc).__name__}: {exc}"[:200])
+    if not record.ok:
+        return Result(False, record.e2e_s, error=f"{record.status}: {record.detail}")
+    return Result(True, record.e2e_s, 0, record.ttft_s, [], audio_s=sent_s)
 
 
 async def closed_loop(

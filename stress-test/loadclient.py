@@ -1,4 +1,4 @@
-"""One OpenAI-style request, timed: request bodies, SSE parsing and error classification."""
+"""One OpenAI-style request, timed: request bodies (JSON, or an audio upload), SSE parsing, error classification."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import httpx
 from loadstats import OK, RequestRecord
 
-WORKLOADS = ("chat-stream", "chat", "completions")
+WORKLOADS = ("chat-stream", "chat", "completions", "transcription")
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".webm", ".m4a")
 
 # Prompts of varied length (a few words to a few sentences), written for this tool.
 PROMPTS: tuple[str, ...] = (
@@ -37,22 +39,48 @@ PROMPTS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class Clip:
+    """An audio file to upload, and how long it plays."""
+
+    name: str
+    data: bytes
+    seconds: float
+
+
+def load_clips(audio_dir: Path) -> tuple[Clip, ...]:
+    """Every audio file of a folder, in name order."""
+    import librosa
+
+    paths = sorted(p for p in audio_dir.iterdir() if p.suffix in AUDIO_SUFFIXES)
+    if not paths:
+        raise SystemExit(f"no audio files in {audio_dir}")
+    return tuple(Clip(p.name, p.read_bytes(), float(librosa.get_duration(path=p))) for p in paths)
+
+
+@dataclass(frozen=True)
 class RequestSpec:
-    """What every request of a run sends."""
+    """What every request of a run sends (transcription: one of `clips`, chosen by the request's index)."""
 
     workload: str
     model: str
     max_tokens: int
     temperature: float = 0.0
     ignore_eos: bool = True
+    clips: tuple[Clip, ...] = ()
 
     @property
     def path(self) -> str:
-        return "/v1/completions" if self.workload == "completions" else "/v1/chat/completions"
+        paths = {"completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
+        return paths.get(self.workload, "/v1/chat/completions")
 
     @property
     def streaming(self) -> bool:
         return self.workload != "chat"
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        """What `pick_prompt` chooses from: the prompts, or for transcription the clips' names."""
+        return tuple(clip.name for clip in self.clips) if self.workload == "transcription" else PROMPTS
 
     @property
     def chat(self) -> bool:
@@ -157,6 +185,41 @@ async def _send_plain(client: httpx.AsyncClient, url: str, body: dict[str, Any])
     return RequestRecord(OK, 0.0, end - start, None, [], tokens)
 
 
+async def send_transcription(
+    client: httpx.AsyncClient, url: str, clip: Clip, model: str, stream: bool = True
+) -> RequestRecord:
+    """One upload. Streamed: TTFT is the first `transcript.text.delta`, ITL the gaps between deltas; otherwise
+    the whole response. `audio_s` is the clip's length."""
+    start = time.perf_counter()
+    data = {"model": model, **({"stream": "true"} if stream else {})}
+    files = {"file": (clip.name, clip.data)}
+    stamps: list[float] = []
+    if stream:
+        async with client.stream("POST", url, data=data, files=files) as resp:
+            if resp.status_code != 200:
+                return await _http_error(resp, start)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    detail = json.dumps(event["error"])[:200]
+                    return RequestRecord("stream_error", e2e_s=time.perf_counter() - start, detail=detail)
+                if event.get("type") == "transcript.text.delta":
+                    stamps.append(time.perf_counter())
+    else:
+        resp = await client.post(url, data=data, files=files)
+        if resp.status_code != 200:
+            return await _http_error(resp, start)
+        if resp.json().get("text"):
+            stamps.append(time.perf_counter())
+    end = time.perf_counter()
+    if not stamps:
+        return RequestRecord("empty", e2e_s=end - start, detail="no text")
+    gaps = [b - a for a, b in pairwise(stamps)]
+    return RequestRecord(OK, 0.0, end - start, stamps[0] - start, gaps, 0, audio_s=clip.seconds)
+
+
 async def _http_error(resp: httpx.Response, start: float) -> RequestRecord:
     detail = (await resp.aread()).decode(errors="replace")[:200]
     retry = parse_retry_after(resp.headers.get("retry-after"))
@@ -170,10 +233,15 @@ async def send(
 ) -> RequestRecord:
     """Send one request and time it; never raises (failures become records with a non-ok status)."""
     url = base_url + spec.path
-    body = request_body(spec, prompt)
     start = time.perf_counter()
     try:
-        coro = _send_stream(client, url, body, spec.chat) if spec.streaming else _send_plain(client, url, body)
+        if spec.workload == "transcription":
+            clip = next(clip for clip in spec.clips if clip.name == prompt)
+            coro = send_transcription(client, url, clip, spec.model)
+        elif spec.streaming:
+            coro = _send_stream(client, url, request_body(spec, prompt), spec.chat)
+        else:
+            coro = _send_plain(client, url, request_body(spec, prompt))
         return await asyncio.wait_for(coro, timeout_s)
     except (asyncio.TimeoutError, httpx.TimeoutException):  # noqa: UP041 - asyncio's is distinct before 3.11
         return RequestRecord("timeout", e2e_s=time.perf_counter() - start, detail=f"over {timeout_s:g} s")

@@ -12,7 +12,9 @@ comes first, then waits for the requests in flight (each bounded by `--request-t
 is bounded by `--time-limit`: requests still in flight then are cancelled and counted as "cancelled".
 
 Workloads (`--workload`): chat-stream (streamed /v1/chat/completions), chat (non-streamed, so no
-TTFT/ITL) and completions (streamed /v1/completions). Requests carry `ignore_eos: true` (turn it off
+TTFT/ITL), completions (streamed /v1/completions) and transcription (streamed /v1/audio/transcriptions
+of the clips in `--audio-dir`, in turn; TTFT is the first text delta, throughput seconds of audio per
+second). Requests carry `ignore_eos: true` (turn it off
 with `--no-ignore-eos`), so each one yields exactly `--max-tokens` tokens.
 
 Measured per request: TTFT (send -> first chunk carrying text), inter-token latencies (gaps between
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from loadclient import WORKLOADS, RequestSpec, pick_prompt, send
+from loadclient import WORKLOADS, RequestSpec, load_clips, pick_prompt, send
 from loadlevels import LevelRun, closed_loop, open_loop
 from loadserver import ServerOptions, is_loopback, local_server, machine_info, served_model, server_version
 from loadstats import RequestRecord, markdown_table, progress_line, record_to_json, summarize_level
@@ -99,7 +101,8 @@ async def warm_up(args: argparse.Namespace, base_url: str, spec: RequestSpec) ->
     if args.warmup <= 0:
         return
     async with http_client(args, httpx.Limits(max_connections=2)) as client:
-        records = [await send(client, base_url, spec, pick_prompt(i), args.request_timeout) for i in range(args.warmup)]
+        records = [await send(client, base_url, spec, pick_prompt(i, spec.prompts), args.request_timeout)
+                   for i in range(args.warmup)]
     if not any(r.ok for r in records):
         raise SystemExit(f"warm-up failed: {records[0].status}: {records[0].detail}")
 
@@ -193,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     req = p.add_argument_group("requests")
     req.add_argument("--workload", choices=WORKLOADS, default="chat-stream", help="(default: %(default)s)")
     req.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default: %(default)s)")
+    req.add_argument(
+        "--audio-dir", type=Path, default=HERE.parent / "tests" / "data" / "audio",
+        help="transcription: the clips to upload (default: tests/data/audio)",
+    )
     req.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s)")
     req.add_argument(
         "--ignore-eos",
@@ -261,7 +268,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def run_all(args: argparse.Namespace, base_url: str, deadline: float) -> tuple[dict[str, Any], list[LevelResult]]:
     """Sweep all levels against base_url; the JSON report and the levels' records."""
     model = args.model_name or served_model(base_url, shown_path(args.model), args.allow_remote)
-    spec = RequestSpec(args.workload, model, args.max_tokens, args.temperature, args.ignore_eos)
+    clips = load_clips(args.audio_dir) if args.workload == "transcription" else ()
+    spec = RequestSpec(args.workload, model, args.max_tokens, args.temperature, args.ignore_eos, clips)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: UP017 - runs on 3.10
     machine = machine_info(args.url is None, args.torch_threads)  # before the load: its load average is others'
     levels = await sweep(args, base_url, spec, deadline)

@@ -61,7 +61,8 @@ class LevelRun:
     async def _send(self, index: int, start: float) -> RequestRecord:
         """Send one request; a cancelled one is still recorded (as "cancelled")."""
         try:
-            record = await send(self.client, self.base_url, self.spec, pick_prompt(index), self.timeout_s)
+            prompt = pick_prompt(index, self.spec.prompts)
+            record = await send(self.client, self.base_url, self.spec, prompt, self.timeout_s)
         except asyncio.CancelledError:
             self.records.append(RequestRecord("cancelled", start, self.elapsed() - start, detail="run time limit"))
             raise

@@ -24,6 +24,7 @@ class RequestRecord:
     output_tokens: int = 0
     detail: str = ""  # first bytes of an error body or exception text
     retry_after_s: float | None = None  # Retry-After of a 429
+    audio_s: float = 0.0  # seconds of audio transcribed (transcription)
 
     @property
     def ok(self) -> bool:
@@ -111,6 +112,7 @@ def summarize_level(
         "output_tokens_per_s": _rate(tokens, wall),
         "requests_per_s": _rate(len(good), wall),
         "output_tokens_per_request_mean": round(tokens / len(good), 2) if good else None,
+        "audio_seconds_per_s": _rate(sum(r.audio_s for r in good), wall),
         "ttft_ms": distribution_ms(r.ttft_s for r in good if r.ttft_s is not None),
         "itl_ms": distribution_ms(gap for r in good for gap in r.itl_s),
         "tpot_ms": distribution_ms(t for r in good if (t := r.tpot_s) is not None),

@@ -185,3 +185,32 @@ def test_short_real_run_and_plots(tiny_llama_dir: Path, tmp_path: Path) -> None:
     written = sorted(p.name for p in (tmp_path / "png").glob("*.png"))
     assert written == ["latency-concurrency.png", "throughput-concurrency.png"]
     assert all((tmp_path / "png" / name).stat().st_size > 10_000 for name in written)
+
+
+async def test_transcription_workload_uploads_each_clip_and_counts_audio_seconds() -> None:
+    """The transcription workload sends multipart uploads in turn and reads OpenAI's transcript events."""
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        assert request.url.path == "/v1/audio/transcriptions"
+        assert request.headers["content-type"].startswith("multipart/form-data") and b'name="stream"' in body
+        seen.append(next(name for name in ("a.wav", "b.mp3") if name.encode() in body))
+        events = [
+            {"type": "transcript.text.delta", "delta": "Hello"},
+            {"type": "transcript.text.delta", "delta": " you"},
+            {"type": "transcript.text.done", "text": "Hello you", "usage": {"type": "duration", "seconds": 3}},
+        ]
+        text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    clips = (loadclient.Clip("a.wav", b"RIFF", 2.5), loadclient.Clip("b.mp3", b"ID3", 30.0))
+    spec = loadclient.RequestSpec("transcription", "m", 0, clips=clips)
+    assert spec.prompts == ("a.wav", "b.mp3")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        run = loadlevels.LevelRun(client, "http://fake", spec, 5.0, time.perf_counter() + 5.0, 4)
+        await loadlevels.closed_loop(run, concurrency=1, backoff_cap_s=1.0)
+    assert sorted(seen) == ["a.wav", "a.wav", "b.mp3", "b.mp3"]
+    summary = loadstats.summarize_level("concurrency", 1.0, run.records, run.issue_window_s(), run.stopped_by(1e18))
+    assert summary["ok"] == 4 and summary["ttft_ms"]["n"] == 4 and summary["itl_ms"]["n"] == 4
+    assert summary["audio_seconds_per_s"] == round(65.0 / loadstats.level_wall_s(run.records), 3)

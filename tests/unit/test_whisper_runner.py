@@ -128,3 +128,14 @@ def test_alignment_weights_equal_the_eager_cross_attention_of_the_alignment_head
     torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-5)
     assert model.config._attn_implementation == "sdpa"  # the shared model is left as it was
     assert runner.rows_in_use() == 0
+
+
+def test_language_detection_picks_the_likeliest_language_token(model: WhisperForConditionalGeneration) -> None:
+    runner = WhisperRunner(model, max_rows=2)
+    languages = [52, 53, 54, 55, 56]
+    for seed in (1, 2, 3):
+        features = window(seed)
+        with torch.inference_mode():
+            logits = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([[SOT]])).logits[0, -1]
+        assert runner.detect_language(features, SOT, languages) == languages[int(logits[languages].argmax())]
+    assert runner.rows_in_use() == 0  # outside the batch
