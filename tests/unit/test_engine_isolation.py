@@ -38,7 +38,6 @@ class FaultyRunner:
         self.fail_in = fail_in
         self.poisoned_slot: int | None = None
         self.max_rows, self.max_model_len = inner.max_rows, inner.max_model_len
-        self.prompt_in_decoder = inner.prompt_in_decoder
         self.logits_processors = inner.logits_processors
         self.probes = 0
 

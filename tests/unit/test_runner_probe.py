@@ -32,12 +32,16 @@ def seq2seq_runner() -> Seq2SeqRunner:
 def runners(request: pytest.FixtureRequest, tiny_llama_dir: Path):
     """Two runners of the same kind and model, filled with the same rows."""
     make = (lambda: causal_runner(tiny_llama_dir)) if request.param == "causal-lm" else seq2seq_runner
+
+    def job(prompt: list[int]) -> PrefillJob:  # a T5 reads the prompt with its encoder
+        return PrefillJob(prompt) if request.param == "causal-lm" else PrefillJob([], {"input_ids": prompt})
+
     pair = []
     for _ in range(2):
         runner = make()
         slots = []
         for prompt in PROMPTS:
-            result = runner.prefill(PrefillJob(prompt), 64)
+            result = runner.prefill(job(prompt), 64)
             assert result is not None
             slots.append(result[0])
         pair.append((runner, slots))

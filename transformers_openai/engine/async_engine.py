@@ -197,7 +197,7 @@ class AsyncEngine:
                 request_id=request.request_id,
                 text="",
                 token_ids=[],
-                prompt_tokens=len(request.prompt_token_ids),
+                prompt_tokens=request.prompt_tokens,
                 completion_tokens=0,
                 finish_reason=FinishReason.ERROR,
                 error=f"{type(exc).__name__}: {exc}",

@@ -40,7 +40,7 @@ class EngineCore:
 
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
-        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self.runner.prompt_in_decoder)
+        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit)
         seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
         self.scheduler.add(seq)
 

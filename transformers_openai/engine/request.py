@@ -31,9 +31,11 @@ class EngineRequest:
 
     Args:
         request_id: unique among requests in flight.
-        prompt_token_ids: the model input (decoder prompt, or encoder input for seq2seq models).
+        prompt_token_ids: the decoder's prompt, what generation continues from (a decoder-only model's prompt,
+            Whisper's forced prefix; empty for T5).
         params: sampling and stopping.
-        model_inputs: extra tensors a runner needs (e.g. audio features); opaque to the engine.
+        encoder_inputs: the encoder's input, opaque to the engine (T5: `input_ids`; Whisper: `input_features`);
+            empty for a decoder-only model.
         continuation: the next part of a request already being served (e.g. the next 30 s window of a long
             transcription): admitted even at capacity, ahead of the queue, so a long job never gets a 429 half-way.
     """
@@ -41,8 +43,13 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    model_inputs: Mapping[str, Any] = field(default_factory=dict)
+    encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt as usage counts it: the decoder's prompt and the encoder's input tokens."""
+        return len(self.prompt_token_ids) + len(self.encoder_inputs.get("input_ids", ()))
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,9 @@ class Sequence:
         tokenizer: Decoder,
         stop_token_ids: frozenset[int],
         max_total_len: int,
-        prompt_in_decoder: bool = True,
     ) -> None:
         self.request = request
-        self.prefill = PrefillJob(request.prompt_token_ids, request.model_inputs)
+        self.prefill = PrefillJob(request.prompt_token_ids, request.encoder_inputs)
         self.slot: int | None = None
         self.output_ids: list[int] = []
         self.finish_reason: FinishReason | None = None
@@ -35,8 +34,9 @@ class Sequence:
         generator = torch.Generator()
         # Unseeded requests draw a fresh seed without touching torch's global generator.
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-        # An encoder's input is not part of the generated text: no penalties on it, no detokenizer context.
-        decoder_prompt = request.prompt_token_ids if prompt_in_decoder else []
+        # Only the decoder's prompt precedes the generated text (penalties, detokenizer context); an encoder's
+        # input does not.
+        decoder_prompt = request.prompt_token_ids
         self.sampler_row = SamplerRow(
             params=params,
             generator=generator,
@@ -63,7 +63,7 @@ class Sequence:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.request.prompt_token_ids)
+        return self.request.prompt_tokens
 
     def append(self, token_id: int, logprob: tuple[float, list[tuple[int, float]]] | None) -> RequestOutput:
         """Records a sampled token and returns the output increment it produces."""

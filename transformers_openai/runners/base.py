@@ -11,10 +11,15 @@ import torch
 
 @dataclass
 class PrefillJob:
-    """A request's input on its way into a row, possibly over several engine steps (chunked prefill)."""
+    """A request's input on its way into a row, possibly over several engine steps (chunked prefill).
+
+    `prompt_token_ids` is the decoder's prompt (what generation continues from; empty for T5, whose runner starts
+    from the decoder start token); `encoder_inputs` is the encoder's input (T5: `input_ids`; Whisper:
+    `input_features`), empty for a decoder-only model.
+    """
 
     prompt_token_ids: list[int]
-    model_inputs: Mapping[str, Any] = field(default_factory=dict)
+    encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
     done: int = 0  # prompt tokens processed so far
     state: Any = None  # the runner's partial cache between chunks
     info: dict[str, float] = field(default_factory=dict)  # what the runner learned while prefilling (reported once)
@@ -55,8 +60,6 @@ class ModelRunner(Protocol):
 
     max_rows: int
     max_model_len: int
-    # Whether the prompt is the start of the generated sequence (decoder-only) or a separate input (encoder).
-    prompt_in_decoder: bool
     # The model kind's own decoding rules (e.g. Whisper's timestamp rules), applied to every step's logits.
     logits_processors: Sequence[LogitsProcessor]
 

@@ -15,7 +15,6 @@ from transformers_openai.runners.slots import SlotTable
 class CausalLMRunner:
     """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
 
-    prompt_in_decoder = True
     logits_processors: Sequence[LogitsProcessor] = ()
 
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int) -> None:

@@ -21,7 +21,6 @@ class Seq2SeqRunner:
     when the row is released.
     """
 
-    prompt_in_decoder = False
     logits_processors: Sequence[LogitsProcessor] = ()
 
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, max_input_len: int) -> None:
@@ -42,7 +41,7 @@ class Seq2SeqRunner:
         return self.max_model_len
 
     def prefill_overhead(self, job: PrefillJob) -> int:
-        return 0  # the prompt is the encoder's input: its tokens are the cost
+        return len(job.encoder_inputs.get("input_ids", ()))  # the encoder pass over the input
 
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
@@ -53,12 +52,15 @@ class Seq2SeqRunner:
         return self._join(own_cache), logits
 
     def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
-        """Encodes the request and runs the decoder's first step into `own_cache`; returns next-token logits."""
-        input_ids = torch.tensor([job.prompt_token_ids], device=self.device)
+        """Encodes the request and runs the decoder's first step(s) into `own_cache`; returns next-token logits.
+
+        The decoder starts from its start token, then the request's decoder prompt, if any.
+        """
+        input_ids = torch.tensor([list(job.encoder_inputs["input_ids"])], device=self.device)
         encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
         out = self.model(
             encoder_outputs=encoder_outputs,
-            decoder_input_ids=torch.tensor([[self._start_token]], device=self.device),
+            decoder_input_ids=torch.tensor([[self._start_token, *job.prompt_token_ids]], device=self.device),
             past_key_values=own_cache,
             use_cache=True,
         )

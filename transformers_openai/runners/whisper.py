@@ -21,13 +21,11 @@ class WhisperRunner(Seq2SeqRunner):
 
     Each row keeps its window's cross-attention K/V (all encoder positions are real audio, no mask) and
     its decoder self-attention K/V; Whisper's learned positions need each row's own position id.
-    A request's `model_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
+    A request's `encoder_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
     (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`).
-    A request may name its window (`model_inputs["window_id"]`): the encoder output is then kept for a retry of
+    A request may name its window (`encoder_inputs["window_id"]`): the encoder output is then kept for a retry of
     the same window (temperature fallback), the `max_rows` most recent windows at most.
     """
-
-    prompt_in_decoder = True
 
     def __init__(
         self,
@@ -62,17 +60,17 @@ class WhisperRunner(Seq2SeqRunner):
 
     def prefill_overhead(self, job: PrefillJob) -> int:
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
-        return 0 if job.model_inputs.get("window_id") in self._encoded else self.max_input_len
+        return 0 if job.encoder_inputs.get("window_id") in self._encoded else self.max_input_len
 
     def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
-        features = torch.as_tensor(job.model_inputs["input_features"], device=self.device, dtype=self.model.dtype)
+        features = torch.as_tensor(job.encoder_inputs["input_features"], device=self.device, dtype=self.model.dtype)
         if features.dim() == 2:
             features = features.unsqueeze(0)
         if features.shape[-1] != WINDOW_FRAMES:
             raise ValueError(f"Whisper takes windows of {WINDOW_FRAMES} mel frames, got {features.shape[-1]}")
         prefix = job.prompt_token_ids
         out = self.model.model(
-            encoder_outputs=(self._encode(features, job.model_inputs.get("window_id")),),
+            encoder_outputs=(self._encode(features, job.encoder_inputs.get("window_id")),),
             decoder_input_ids=torch.tensor([prefix], device=self.device),
             past_key_values=own_cache,
             use_cache=True,

@@ -113,8 +113,14 @@ class GenerationHandler(Generic[RequestT]):
                 seed = None if params.seed is None else params.seed + i
                 choice_params = params if seed == params.seed else replace(params, seed=seed)
                 choices.append(Choice(index=index, prompt=prompt))
-                engine_requests.append(EngineRequest(f"{base_id}-{index}", prompt.token_ids, choice_params))
+                engine_requests.append(self._engine_request(f"{base_id}-{index}", prompt, choice_params))
         return choices, engine_requests
+
+    def _engine_request(self, engine_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
+        """An encoder-decoder model reads the prompt with its encoder; a decoder-only model continues it."""
+        if self.ctx.encoder_decoder:
+            return EngineRequest(engine_id, [], params, encoder_inputs={"input_ids": prompt.token_ids})
+        return EngineRequest(engine_id, prompt.token_ids, params)
 
     def _max_tokens(self, request: RequestT, prompt_len: int) -> int:
         limit = self.ctx.max_model_len

@@ -173,7 +173,8 @@ class TranscriptionHandler:
         params = SamplingParams(max_tokens=limit, temperature=temperature, logprobs=0)
         features = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
         inputs = {"input_features": features, "window_id": f"{base_id}-w{window}"}
-        request = EngineRequest(engine_id, prefix, params, inputs, continuation=window > 0 or attempt > 0)
+        continuation = window > 0 or attempt > 0
+        request = EngineRequest(engine_id, prefix, params, encoder_inputs=inputs, continuation=continuation)
         return engine_id, self.ctx.engine.submit([request])[0]
 
     async def _segments(
