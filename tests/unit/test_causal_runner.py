@@ -149,5 +149,8 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
         assert [o.request_id for o in outputs] == [short.request_id]
         assert long.request_id in chunked_core.scheduler.prefilling
     assert chunked_core.runner.rows_in_use() == 1
+    partial = chunked_core.scheduler.prefilling[long.request_id].prefill
+    assert partial.state is not None and partial.done == 28  # its own cache, 4 chunks in
     assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
+    assert partial.state is None  # the runner discarded its partial cache
     assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1

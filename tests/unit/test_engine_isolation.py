@@ -16,7 +16,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest, FinishReason
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.runners.base import PrefillJob
+from transformers_openai.runners.base import OneByOnePrefill, PrefillJob
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -30,7 +30,7 @@ class Injected(RuntimeError):
     """The fault a test plants."""
 
 
-class FaultyRunner:
+class FaultyRunner(OneByOnePrefill):
     """A real CausalLMRunner that fails in prefill or in decode whenever the poisoned request's row takes part."""
 
     def __init__(self, inner: CausalLMRunner, fail_in: str) -> None:

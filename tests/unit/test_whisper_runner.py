@@ -139,3 +139,31 @@ def test_language_detection_picks_the_likeliest_language_token(model: WhisperFor
             logits = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([[SOT]])).logits[0, -1]
         assert runner.detect_language(features, SOT, languages) == languages[int(logits[languages].argmax())]
     assert runner.rows_in_use() == 0  # outside the batch
+
+
+@torch.inference_mode()
+def test_windows_admitted_together_share_one_encoder_call_and_fail_alone(model) -> None:
+    runner = WhisperRunner(model, max_rows=4)
+    calls: list[int] = []
+    hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
+    bad = PrefillJob([SOT], {"input_features": torch.zeros(80, 100)})
+    jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS[:3]]
+    try:
+        outcomes = runner.prefill_batch([(jobs[0], 10_000), (bad, 10_000), (jobs[1], 10_000), (jobs[2], 10_000)])
+        assert isinstance(outcomes[1], ValueError) and all(isinstance(o, tuple) for o in outcomes[::2])
+        assert calls == [1, 1, 1]  # the batch could not be built: one encoder call per good window
+    finally:
+        hook.remove()
+    calls.clear()
+    assert runner.rows_in_use() == 3
+    hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
+    try:
+        fresh = WhisperRunner(model, max_rows=4)
+        batched = fresh.prefill_batch([(PrefillJob(prefix, {"input_features": f}), 10_000) for f, prefix in WINDOWS])
+    finally:
+        hook.remove()
+    assert calls == [len(WINDOWS)]  # one encoder call for all four windows
+    for (features, prefix), outcome in zip(WINDOWS, batched, strict=True):
+        assert not isinstance(outcome, Exception) and outcome is not None
+        expected = reference(model, features, prefix, [])[0]
+        torch.testing.assert_close(outcome[1], expected, rtol=0, atol=1e-4)

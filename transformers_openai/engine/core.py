@@ -105,17 +105,20 @@ class EngineCore:
     def _prefill(
         self, planned: list[tuple[Sequence, int]], outputs: list[RequestOutput]
     ) -> list[tuple[Sequence, torch.Tensor]]:
-        """Runs this step's prefill chunks; returns the sequences whose prompt is now fully in."""
-        admitted = []
-        for seq, take in planned:
-            if seq.scheduled_at is None:
-                seq.scheduled_at = time.monotonic()
-            try:
-                result = self.runner.prefill(seq.prefill, take)
-            except Exception as exc:
-                logger.exception("prefill failed for request %s", seq.request_id)
+        """Runs this step's prefill chunks, all in one call; returns the sequences whose prompt is now fully in."""
+        admitted: list[tuple[Sequence, torch.Tensor]] = []
+        if not planned:
+            return admitted
+        now = time.monotonic()
+        for seq, _ in planned:
+            seq.scheduled_at = seq.scheduled_at or now
+        results = self.runner.prefill_batch([(seq.prefill, take) for seq, take in planned])
+        for (seq, _), result in zip(planned, results, strict=True):
+            if isinstance(result, Exception):
+                logger.error("prefill failed for request %s", seq.request_id, exc_info=result)
                 self.scheduler.remove(seq.request_id)
-                outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {exc}"))
+                self.runner.discard(seq.prefill)
+                outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {result}"))
                 self._finished(seq)
                 continue
             if result is None:
@@ -202,6 +205,8 @@ class EngineCore:
         if seq.slot is not None:
             self.runner.release(seq.slot)
             seq.slot = None
+        elif seq.prefill.state is not None:  # ended mid-prefill: no row yet, a partial cache maybe
+            self.runner.discard(seq.prefill)
 
     def _finished(self, seq: Sequence, client_disconnected: bool = False) -> None:
         stats = seq.stats(client_disconnected)

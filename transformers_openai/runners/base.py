@@ -32,6 +32,28 @@ class PrefillJob:
         return len(self.prompt_token_ids) - self.done
 
 
+PrefillResult = tuple[int, torch.Tensor] | None  # (slot of the fresh row, next-token logits), or None: not all in
+
+
+class OneByOnePrefill:
+    """`prefill_batch` and `discard` for runners that prefill each job alone (a runner that can batch overrides)."""
+
+    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
+        raise NotImplementedError
+
+    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
+        outcomes: list[PrefillResult | Exception] = []
+        for job, max_tokens in jobs:
+            try:
+                outcomes.append(self.prefill(job, max_tokens))
+            except Exception as exc:  # that job's failure only
+                outcomes.append(exc)
+        return outcomes
+
+    def discard(self, job: PrefillJob) -> None:
+        job.state = None  # the partial cache of a chunked prefill
+
+
 class RowTokens(Protocol):
     """What a logits processor may read about one row: its prompt and the tokens sampled so far."""
 
@@ -71,12 +93,21 @@ class ModelRunner(Protocol):
         """What starting this job's prefill costs beyond its tokens, in token units (0 for a decoder-only model)."""
         ...
 
-    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once).
 
         Returns:
             None while input remains; once it is all in, (slot of its fresh row, next-token logits [vocab]).
         """
+        ...
+
+    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
+        """`prefill` for every (job, max_tokens) admitted in one step, so a runner can batch them (one encoder
+        call for several windows). A job that fails gets its exception in its place; the others go on."""
+        ...
+
+    def discard(self, job: PrefillJob) -> None:
+        """Drops what a job aborted mid-prefill holds (it never got a row)."""
         ...
 
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:

@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, PrefillJob
+from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
 
-class CausalLMRunner:
+class CausalLMRunner(OneByOnePrefill):
     """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
 
     logits_processors: Sequence[LogitsProcessor] = ()
@@ -33,7 +33,7 @@ class CausalLMRunner:
         return 0  # its tokens are the whole cost
 
     @torch.inference_mode()
-    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         # The request's own cache grows chunk by chunk; the row joins the batch when the prompt is in.
         if job.state is None:
             job.state = DynamicCache()

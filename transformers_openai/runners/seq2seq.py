@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, PrefillJob
+from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.cross_cache import CrossKVCache
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
 
-class Seq2SeqRunner:
+class Seq2SeqRunner(OneByOnePrefill):
     """Encodes each request once at admission; decodes all rows together.
 
     A row holds the request's decoder self-attention K/V (right-aligned, as for decoder-only models)
@@ -44,7 +44,7 @@ class Seq2SeqRunner:
         return len(job.encoder_inputs.get("input_ids", ()))  # the encoder pass over the input
 
     @torch.inference_mode()
-    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
+    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
         job.done = len(job.prompt_token_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

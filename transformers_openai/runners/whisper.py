@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, PrefillJob
+from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
+
+logger = logging.getLogger(__name__)
 
 # Mel frames the encoder takes: one 30 s window.
 WINDOW_FRAMES = 3000
@@ -62,15 +65,39 @@ class WhisperRunner(Seq2SeqRunner):
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
         return 0 if job.encoder_inputs.get("window_id") in self._encoded else self.max_input_len
 
-    def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
+    @torch.inference_mode()
+    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
+        """The windows admitted together that need an encoder pass share one batched call; then each joins."""
+        cached = self._encoded
+        fresh = [job for job, _ in jobs if job.state is None and job.encoder_inputs.get("window_id") not in cached]
+        if len(fresh) > 1:
+            try:
+                hidden = self.model.model.encoder(input_features=torch.cat([self._features(job) for job in fresh]))
+            except Exception:  # e.g. one window of the wrong shape: each is encoded alone, and fails alone
+                logger.warning("batched encoder pass failed; encoding its %d windows alone", len(fresh), exc_info=True)
+            else:
+                for job, states in zip(fresh, hidden.last_hidden_state, strict=True):
+                    job.state = states[None]
+        return super().prefill_batch(jobs)
+
+    def _features(self, job: PrefillJob) -> torch.Tensor:
         features = torch.as_tensor(job.encoder_inputs["input_features"], device=self.device, dtype=self.model.dtype)
         if features.dim() == 2:
             features = features.unsqueeze(0)
         if features.shape[-1] != WINDOW_FRAMES:
             raise ValueError(f"Whisper takes windows of {WINDOW_FRAMES} mel frames, got {features.shape[-1]}")
+        return features
+
+    def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
+        encoded, job.state = job.state, None  # the batched encoder pass's output, if this step made one
+        window_id = job.encoder_inputs.get("window_id")
+        if encoded is None:
+            encoded = self._encode(self._features(job), window_id)
+        elif window_id is not None:
+            self._remember(window_id, encoded)
         prefix = job.prompt_token_ids
         out = self.model.model(
-            encoder_outputs=(self._encode(features, job.encoder_inputs.get("window_id")),),
+            encoder_outputs=(encoded,),
             decoder_input_ids=torch.tensor([prefix], device=self.device),
             past_key_values=own_cache,
             use_cache=True,
@@ -91,10 +118,13 @@ class WhisperRunner(Seq2SeqRunner):
             return self._encoded[window_id]
         hidden: torch.Tensor = self.model.model.encoder(input_features=features).last_hidden_state
         if window_id is not None:
-            self._encoded[window_id] = hidden
-            while len(self._encoded) > self.max_rows:
-                self._encoded.popitem(last=False)
+            self._remember(window_id, hidden)
         return hidden
+
+    def _remember(self, window_id: str, hidden: torch.Tensor) -> None:
+        self._encoded[window_id] = hidden
+        while len(self._encoded) > self.max_rows:
+            self._encoded.popitem(last=False)
 
     def _step_inputs(self) -> dict[str, torch.Tensor]:
         positions = torch.tensor([[n] for n in self._self_cache.active_lens], device=self.device)
