@@ -41,12 +41,9 @@ import io
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from importlib.metadata import version
@@ -57,7 +54,7 @@ from typing import Any
 import httpx
 import numpy as np
 from loadclient import Clip, StreamTimer, load_clips, send_transcription
-from loadserver import free_port, is_loopback
+from loadserver import free_port, is_loopback, spawned
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("server", "transformers-serve", "generate-loop")
@@ -275,46 +272,6 @@ def get_ok(url: str) -> httpx.Response | None:
 # ----------------------------------------------------------------------------- subprocess servers
 
 
-@contextmanager
-def spawned_server(cmd: list[str], port: int, env: dict[str, str], log: Path, startup_timeout: float) -> Iterator[str]:
-    """Start `cmd`, wait for GET /health == 200, yield its base URL; always kill its process group."""
-    base = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if proc.poll() is not None:
-                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                    raise RuntimeError(f"exited with {proc.returncode}: {' | '.join(tail)}"[:400])
-                if get_ok(f"{base}/health"):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"/health not ready after {startup_timeout:.0f} s (log: {log})")
-                time.sleep(0.5)
-            yield base
-        finally:
-            stop_process(proc)
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL, the session we started (the server and anything it spawned)."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with suppress(ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-            return
-    proc.poll()  # reap it if the group was already gone
-
-
 def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
     model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
     if target == "server":
@@ -341,9 +298,9 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
         if target == "server" and args.url:
             return run_levels(args, target, args.url, deadline)
         port = free_port()
-        with spawned_server(server_command(args, target, port), port, env, log, args.startup_timeout) as base:
+        with spawned(server_command(args, target, port), port, env, log, args.startup_timeout) as base:
             return run_levels(args, target, base, deadline)
-    except Exception as exc:  # noqa: BLE001 - report, don't crash the other targets
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - report, don't crash the other targets
         return [Row(target, 0, note=f"unavailable: {type(exc).__name__}: {exc}"[:400])]
 
 

@@ -86,10 +86,18 @@ def local_server(opts: ServerOptions) -> Iterator[str]:
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), TOKENIZERS_PARALLELISM="false")
     if opts.torch_threads:
         env["OMP_NUM_THREADS"] = str(opts.torch_threads)
-    opts.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(opts.log_path, "wb") as log_file:
+    with spawned(server_command(opts, port), port, env, opts.log_path, opts.startup_timeout_s) as base_url:
+        yield base_url
+
+
+@contextmanager
+def spawned(command: list[str], port: int, env: dict[str, str], log_path: Path, timeout_s: float) -> Iterator[str]:
+    """Start any server command that listens on 127.0.0.1:`port` (ours, or a peer such as `transformers serve`);
+    yield its base URL once GET /health answers; always stop it and what it spawned."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            server_command(opts, port),
+            command,
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -99,7 +107,7 @@ def local_server(opts: ServerOptions) -> Iterator[str]:
         )
         try:
             base_url = f"http://127.0.0.1:{port}"
-            wait_healthy(base_url, proc, opts.startup_timeout_s, opts.log_path)
+            wait_healthy(base_url, proc, timeout_s, log_path)
             yield base_url
         finally:
             stop_server(proc)
