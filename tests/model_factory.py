@@ -134,6 +134,42 @@ def convert_whisper_tiny_en(dest: Path) -> Path:
     return dest
 
 
+def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int = 0) -> Path:
+    """A 2+2-layer random Whisper that calls itself multilingual (language and task tokens in its prefix), with
+    tiny.en's vocabulary and features: random text, but every multilingual path (detection, translation)."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(whisper_tiny_en)
+    generation = GenerationConfig.from_pretrained(whisper_tiny_en)
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=generation.decoder_start_token_id,
+        eos_token_id=generation.eos_token_id, pad_token_id=generation.pad_token_id,
+        bos_token_id=generation.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config)
+    generation.is_multilingual = True
+    generation.alignment_heads = None
+    model.generation_config = generation
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    WhisperFeatureExtractor.from_pretrained(whisper_tiny_en).save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
 def cache_root() -> Path:
     root = Path(os.environ.get("TOA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "models"))
     root.mkdir(parents=True, exist_ok=True)

@@ -75,3 +75,14 @@ def whisper_server(whisper_dir: Path, server_logs: Path) -> Iterator[ServerProce
     server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def multilingual_whisper_server(whisper_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """A tiny random Whisper that is multilingual: language detection and translation run, on random text."""
+    from tests.model_factory import build_tiny_multilingual_whisper
+
+    model_dir = build_tiny_multilingual_whisper(cache_root() / "tiny-whisper-multilingual", whisper_dir)
+    server = start_server(model_dir, server_logs, "--max-batch-size", "4")
+    yield server
+    server.stop()
