@@ -123,3 +123,19 @@ async def test_continuous_usage_stats_put_usage_so_far_on_every_chunk(client: ht
         "completion_tokens"
     ]
     assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in content)
+
+
+async def test_one_created_per_response_even_across_seconds(
+    client: httpx.AsyncClient, fake: FakeEngine, monkeypatch: Any
+) -> None:
+    """Every chunk (and every whole response) carries the `created` of its request, not the second it was built in."""
+    import itertools
+    import time
+
+    clock = itertools.count(1_700_000_000)
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))  # each call is a second later
+    for path, body in ((CHAT, chat_body(stream_options={"include_usage": True})), (COMPLETIONS, completion_body())):
+        chunks = await stream(client, path, body)
+        assert len(chunks) >= 3 and len({c["created"] for c in chunks}) == 1, [c["created"] for c in chunks]
+        first, second = (await client.post(path, json=body)).json(), (await client.post(path, json=body)).json()
+        assert first["created"] < second["created"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.departures import Departures
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.runners.base import ModelRunner
@@ -48,6 +49,7 @@ class AsyncEngine:
         self._aborted: list[str] = []
         self._calls: list[tuple[Callable[[ModelRunner], Any], concurrent.futures.Future[Any]]] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._departures = Departures()  # for the Retry-After of a 429
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -89,9 +91,11 @@ class AsyncEngine:
                 f"this request needs {len(requests)} sequences but the server holds at most {capacity} at once"
             )
         fresh = sum(not request.continuation for request in requests)
-        if fresh and len(self._streams) + len(requests) > capacity:
+        ahead = len(self._streams) + len(requests) - capacity  # requests that must leave before these fit
+        if fresh and ahead > 0:
             raise EngineOverloaded(
-                f"server is at capacity ({capacity} requests running or queued); retry later", retry_after_s=1
+                f"server is at capacity ({capacity} requests running or queued); retry later",
+                retry_after_s=self._departures.retry_after_s(ahead),
             )
         ids = [request.request_id for request in requests]
         if len(set(ids)) != len(ids) or any(i in self._streams for i in ids):
@@ -113,6 +117,7 @@ class AsyncEngine:
         """Ends a request wherever it is; its row is freed at the next step boundary. Idempotent."""
         if self._streams.pop(request_id, None) is None:
             return
+        self._departures.record()
         with self._cv:
             self._aborted.append(request_id)
             self._cv.notify()
@@ -142,6 +147,7 @@ class AsyncEngine:
     def _end(self, request_id: str, message: str, kind: ErrorKind) -> None:
         """Ends a request from the event loop: its consumer gets one final error output, the engine frees its row."""
         queue = self._streams.pop(request_id)
+        self._departures.record()
         while not queue.empty():  # what it did not take is dropped: the error says why
             queue.get_nowait()
         queue.put_nowait(
@@ -178,6 +184,7 @@ class AsyncEngine:
                 continue  # aborted meanwhile
             if output.finished:
                 del self._streams[output.request_id]
+                self._departures.record()
             elif queue.qsize() >= self._max_pending:
                 logger.warning(
                     "request %s: its consumer is %d outputs behind (client not reading); aborted",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -90,14 +91,15 @@ class GenerationHandler(Generic[RequestT]):
         if request.model not in self.ctx.model_aliases:
             raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
         base_id = request_id or uuid.uuid4().hex
+        created = int(time.time())
         prompts = await self.prompts(request)
         choices, engine_requests = self._fan_out(base_id, request, prompts)
         request_id = self.request_id_prefix + base_id
         streams = self.ctx.engine.submit(engine_requests)
         merged = self._merge([r.request_id for r in engine_requests], streams)
         if request.stream:
-            return self._stream(request_id, request, choices, merged)
-        return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect)
+            return self._stream(request_id, request, choices, merged, created)
+        return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect, created)
 
     def _fan_out(
         self, base_id: str, request: RequestT, prompts: list[Prompt]
@@ -210,9 +212,10 @@ class GenerationHandler(Generic[RequestT]):
         choices: list[Choice],
         merged: AsyncIterator[tuple[int, RequestOutput]],
         wait_disconnect: WaitDisconnect,
+        created: int,
     ) -> BaseModel:
         await until_disconnect(self._collect(choices, merged), wait_disconnect, request_id)
-        return self.response(request_id, request, choices, self._usage(choices))
+        return _created_at(self.response(request_id, request, choices, self._usage(choices)), created)
 
     async def _collect(self, choices: list[Choice], merged: AsyncIterator[tuple[int, RequestOutput]]) -> None:
         try:
@@ -228,10 +231,11 @@ class GenerationHandler(Generic[RequestT]):
         request: RequestT,
         choices: list[Choice],
         merged: AsyncIterator[tuple[int, RequestOutput]],
+        created: int,
     ) -> AsyncIterator[BaseModel]:
         try:
             for chunk in self.first_chunks(request_id, request, choices):
-                yield chunk
+                yield _created_at(chunk, created)
             async for index, output in merged:
                 check_output(output)
                 choice = choices[index]
@@ -239,9 +243,9 @@ class GenerationHandler(Generic[RequestT]):
                 usage = self._usage(choices) if request.continuous_usage() else None
                 delta = self.chunk(request_id, request, choice, output, usage)
                 if delta is not None:
-                    yield delta
+                    yield _created_at(delta, created)
             if request.include_usage():
-                yield self.usage_chunk(request_id, request, self._usage(choices))
+                yield _created_at(self.usage_chunk(request_id, request, self._usage(choices)), created)
         finally:  # also when the client is gone (the SSE helper logs why): aborts what is unfinished
             await merged.aclose()  # type: ignore[attr-defined]
 
@@ -264,6 +268,13 @@ class GenerationHandler(Generic[RequestT]):
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
         )
+
+
+def _created_at(body: BaseModel, created: int) -> BaseModel:
+    """Every chunk of a response, and the response, carry the one `created` of its request (OpenAI's)."""
+    if "created" in type(body).model_fields:
+        body.created = created  # type: ignore[attr-defined]
+    return body
 
 
 def check_token_ids(token_ids: list[int], vocab: int) -> None:
