@@ -154,3 +154,42 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
     assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
     assert partial.state is None  # the runner discarded its partial cache
     assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_prompt_logprobs_equal_the_models_log_softmax(model, tokenizer, requests, chunked: bool) -> None:
+    """Scored prompts (echo + logprobs, lm-eval's loglikelihood) among ordinary requests, whole or in 7-token chunks."""
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    scheduler = Scheduler(max_running=4, max_waiting=16, max_prefill_tokens=7 if chunked else 4096)
+    core = EngineCore(runner, tokenizer, scheduler, frozenset({tokenizer.eos_token_id}))
+    scored = [
+        EngineRequest("one-token", requests[1].prompt_token_ids, SamplingParams(max_tokens=1, temperature=0.0,
+                                                                              logprobs=2, prompt_logprobs=2)),
+        EngineRequest("no-tokens", requests[7].prompt_token_ids, SamplingParams(max_tokens=0, prompt_logprobs=0)),
+    ]
+    outputs: dict[str, list] = {}
+    for req in [requests[3], *scored, requests[5]]:
+        core.add(req)
+    while core.has_work():
+        for output in core.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    assert runner.rows_in_use() == 0
+    for req in scored:
+        first, last = outputs[req.request_id][0], outputs[req.request_id][-1]
+        ids = req.prompt_token_ids
+        with torch.inference_mode():
+            expected = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        got = first.prompt_logprobs
+        assert got is not None and len(got) == len(ids) and got[0] is None
+        for position, entry in enumerate(got[1:], start=1):
+            assert entry is not None and entry.token_id == ids[position]
+            assert entry.logprob == pytest.approx(float(expected[position - 1, ids[position]]), abs=1e-4)
+            top = expected[position - 1].topk(req.params.prompt_logprobs or 1)
+            if req.params.prompt_logprobs:
+                assert [t for t, _ in entry.top] == top.indices.tolist()
+            else:
+                assert entry.top == []
+        assert last.finish_reason == FinishReason.LENGTH
+        assert last.completion_tokens == req.params.max_tokens
+    assert outputs["no-tokens"][0].token_ids == [] and len(outputs["no-tokens"]) == 1
+    assert all(o.prompt_logprobs is None for o in outputs[requests[3].request_id])

@@ -124,6 +124,12 @@ class EngineCore:
             if result is None:
                 continue  # more chunks in the next steps
             seq.slot, logits = result
+            if seq.request.params.max_tokens == 0:  # only the prompt's scores were asked for
+                self.scheduler.remove(seq.request_id)
+                outputs.append(seq.prompt_only_output())
+                self._release(seq)
+                self._finished(seq)
+                continue
             self.scheduler.start(seq)
             admitted.append((seq, logits))
         return admitted

@@ -78,6 +78,8 @@ class RequestOutput:
     error: str | None = None
     error_kind: ErrorKind = ErrorKind.INTERNAL
     info: Mapping[str, float] | None = None  # what the runner learned at prefill (e.g. no_speech_prob), once
+    # With `prompt_logprobs`: one entry per prompt token, None for the first (nothing predicts it), once.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

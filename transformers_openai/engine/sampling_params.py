@@ -24,6 +24,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # also score the prompt: each token's logprob and this many alternatives
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True

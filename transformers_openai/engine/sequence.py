@@ -26,7 +26,9 @@ class Sequence:
         max_total_len: int,
     ) -> None:
         self.request = request
-        self.prefill = PrefillJob(request.prompt_token_ids, request.encoder_inputs)
+        self.prefill = PrefillJob(
+            request.prompt_token_ids, request.encoder_inputs, prompt_logprobs=request.params.prompt_logprobs
+        )
         self.slot: int | None = None
         self.output_ids: list[int] = []
         self.finish_reason: FinishReason | None = None
@@ -97,7 +99,32 @@ class Sequence:
             logprobs=logprobs,
             finish_reason=self.finish_reason,
             info=(self.prefill.info or None) if len(self.output_ids) == 1 else None,
+            prompt_logprobs=self._prompt_logprobs() if len(self.output_ids) == 1 else None,
         )
+
+    def prompt_only_output(self) -> RequestOutput:
+        """The one output of a request that asked for no tokens (`max_tokens` 0: the prompt scored, no sampling)."""
+        self.finish_reason = FinishReason.LENGTH
+        self.finished_at = self.first_token_at = self.last_token_at = time.monotonic()
+        return RequestOutput(
+            request_id=self.request_id,
+            text="",
+            token_ids=[],
+            prompt_tokens=self.prompt_len,
+            completion_tokens=0,
+            finish_reason=self.finish_reason,
+            info=self.prefill.info or None,
+            prompt_logprobs=self._prompt_logprobs(),
+        )
+
+    def _prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        if self.request.params.prompt_logprobs is None:
+            return None
+        prompt = self.request.prompt_token_ids
+        scored: list[TokenLogprob | None] = [None]  # the first token: nothing before it predicts it
+        for token_id, (logprob, top) in zip(prompt[1:], self.prefill.prompt_scores, strict=True):
+            scored.append(TokenLogprob(token_id=token_id, logprob=logprob, top=top))
+        return scored
 
     def stats(self, client_disconnected: bool = False) -> FinishedRequest:
         end = self.finished_at or time.monotonic()

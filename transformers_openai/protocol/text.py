@@ -197,6 +197,10 @@ class _SamplingRequest(_Strict):
     def logprobs_count(self) -> int | None:
         return None
 
+    def prompt_logprobs_count(self) -> int | None:
+        """Alternatives per prompt token when the prompt is to be scored; None when it is not."""
+        return None
+
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -222,6 +226,7 @@ class _SamplingRequest(_Strict):
             stop=tuple(self.stop or ()),
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             logprobs=self.logprobs_count(),
+            prompt_logprobs=self.prompt_logprobs_count(),
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             skip_special_tokens=self.skip_special_tokens,
@@ -296,6 +301,8 @@ class ChatCompletionRequest(_SamplingRequest):
 
 class CompletionRequest(_SamplingRequest):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    # 0 with `echo`: score the prompt only (lm-eval's loglikelihood requests of older versions).
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: Text | None = None
@@ -310,12 +317,6 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError("prompt must not be empty")
         return value
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_prompt_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and info.data.get("echo"):
-            raise ValueError("'echo' together with 'logprobs' is not supported (no prompt logprobs)")
-        return value
 
     @field_validator("best_of")
     @classmethod
@@ -326,6 +327,9 @@ class CompletionRequest(_SamplingRequest):
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
+
+    def prompt_logprobs_count(self) -> int | None:
+        return self.logprobs if self.echo else None  # echo with logprobs scores the prompt too, as OpenAI does
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts, each text or token ids."""

@@ -11,6 +11,9 @@ from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, P
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
 from transformers_openai.runners.slots import SlotTable
 
+# A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
+SCORED_CHUNK_TOKENS = 512
+
 
 class CausalLMRunner(OneByOnePrefill):
     """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
@@ -37,9 +40,14 @@ class CausalLMRunner(OneByOnePrefill):
         # The request's own cache grows chunk by chunk; the row joins the batch when the prompt is in.
         if job.state is None:
             job.state = DynamicCache()
-        end = min(len(job.prompt_token_ids), job.done + max(max_tokens, 1))
+        scoring = job.prompt_logprobs is not None
+        take = max(max_tokens, 1) if not scoring else min(max(max_tokens, 1), SCORED_CHUNK_TOKENS)
+        end = min(len(job.prompt_token_ids), job.done + take)
         chunk = torch.tensor([job.prompt_token_ids[job.done : end]], device=self.device)
-        out = self.model(input_ids=chunk, past_key_values=job.state, use_cache=True, logits_to_keep=1)
+        keep = 0 if scoring else 1  # every position's logits when the prompt is scored
+        out = self.model(input_ids=chunk, past_key_values=job.state, use_cache=True, logits_to_keep=keep)
+        if scoring:
+            _score(job, out.logits[0], end)
         job.done = end
         if job.remaining:
             return None
@@ -82,3 +90,19 @@ class CausalLMRunner(OneByOnePrefill):
 
     def rows_in_use(self) -> int:
         return len(self._slots)
+
+
+def _score(job: PrefillJob, logits: torch.Tensor, end: int) -> None:
+    """Appends the logprobs of the prompt tokens this chunk predicts (positions done+1 .. end, within the prompt)."""
+    targets = job.prompt_token_ids[job.done + 1 : end + 1]
+    if not targets:
+        return
+    logprobs = logits[: len(targets)].float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None])[:, 0].tolist()
+    k = job.prompt_logprobs or 0
+    if k:
+        values, indices = logprobs.topk(k, dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+    else:
+        tops = [[] for _ in targets]
+    job.prompt_scores.extend(zip(chosen, tops, strict=True))

@@ -47,6 +47,7 @@ class Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when the prompt was scored
     finish_reason: str | None = None
     completion_tokens: int = 0
 
@@ -255,6 +256,8 @@ class GenerationHandler(Generic[RequestT]):
         choice.token_ids.extend(output.token_ids)
         if output.logprobs:
             choice.logprobs.extend(output.logprobs)
+        if output.prompt_logprobs is not None:
+            choice.prompt_logprobs = output.prompt_logprobs
         choice.completion_tokens = output.completion_tokens
         if output.finish_reason is not None:
             choice.finish_reason = output.finish_reason.value

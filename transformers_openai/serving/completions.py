@@ -27,6 +27,11 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                 "'echo' is not supported for encoder-decoder models: the prompt is not part of their output",
                 param="echo",
             )
+        if request.max_tokens == 0 and not request.echo:
+            raise BadRequestError(
+                "max_tokens 0 generates nothing: it needs 'echo' (to return the prompt, scored with 'logprobs')",
+                param="max_tokens",
+            )
         prompts = []
         for prompt in request.prompts():
             if isinstance(prompt, str):
@@ -48,7 +53,7 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                 CompletionChoice(
                     index=c.index,
                     text=(c.prompt.text or "") + c.text if request.echo else c.text,
-                    logprobs=self._logprobs(request, c.logprobs, 0),
+                    logprobs=self._choice_logprobs(request, c),
                     finish_reason=c.finish_reason,
                 )
                 for c in choices
@@ -57,8 +62,8 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
         )
 
     def first_chunks(self, request_id: str, request: CompletionRequest, choices: list[Choice]) -> list[BaseModel]:
-        if not request.echo:
-            return []
+        if not request.echo or request.logprobs is not None:
+            return []  # with logprobs, the echoed prompt goes out with its scores, in the first output's chunk
         return [
             CompletionResponse(
                 id=request_id, model=request.model, choices=[CompletionChoice(index=c.index, text=c.prompt.text or "")]
@@ -74,17 +79,23 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
         output: RequestOutput,
         usage: Usage | None,
     ) -> BaseModel | None:
-        if not output.text and not output.finished and not (output.logprobs and request.logprobs is not None):
+        scored_prompt = request.echo and output.prompt_logprobs is not None
+        if not (output.text or output.finished or scored_prompt or (output.logprobs and request.logprobs is not None)):
             return None
-        offset = len(choice.text) - len(output.text)
+        offset = self._start(request, choice) + len(choice.text) - len(output.text)
+        logprobs = self._logprobs(request, output.logprobs or [], offset)
+        text = output.text
+        if scored_prompt:
+            text = (choice.prompt.text or "") + text
+            logprobs = self._with_prompt(request, choice, logprobs)
         return CompletionResponse(
             id=request_id,
             model=request.model,
             choices=[
                 CompletionChoice(
                     index=choice.index,
-                    text=output.text,
-                    logprobs=self._logprobs(request, output.logprobs or [], offset),
+                    text=text,
+                    logprobs=logprobs,
                     finish_reason=output.finish_reason.value if output.finish_reason else None,
                 )
             ],
@@ -93,6 +104,35 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
 
     def usage_chunk(self, request_id: str, request: CompletionRequest, usage: Usage) -> BaseModel:
         return CompletionResponse(id=request_id, model=request.model, choices=[], usage=usage)
+
+    def _choice_logprobs(self, request: CompletionRequest, choice: Choice) -> CompletionLogprobs | None:
+        generated = self._logprobs(request, choice.logprobs, self._start(request, choice))
+        return self._with_prompt(request, choice, generated)
+
+    @staticmethod
+    def _start(request: CompletionRequest, choice: Choice) -> int:
+        """Where the completion starts in the returned text: after the prompt when it is echoed."""
+        return len(choice.prompt.text or "") if request.echo else 0
+
+    def _with_prompt(
+        self, request: CompletionRequest, choice: Choice, generated: CompletionLogprobs | None
+    ) -> CompletionLogprobs | None:
+        """With echo: the prompt tokens' scores (the first one null, as OpenAI and vLLM give it) before the rest."""
+        if generated is None or not request.echo or choice.prompt_logprobs is None:
+            return generated
+        token_text = self.ctx.tokenizer.token_text
+        scored = CompletionLogprobs()
+        offset = 0
+        for token_id, entry in zip(choice.prompt.token_ids, choice.prompt_logprobs, strict=True):
+            text = token_text(token_id)
+            scored.tokens.append(text)
+            scored.token_logprobs.append(None if entry is None else entry.logprob)
+            scored.top_logprobs.append(None if entry is None else {token_text(t): lp for t, lp in entry.top})
+            scored.text_offset.append(offset)
+            offset += len(text)
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            getattr(scored, name).extend(getattr(generated, name))
+        return scored
 
     def _logprobs(
         self, request: CompletionRequest, items: list[TokenLogprob], offset: int
