@@ -118,7 +118,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         model.to(device)
     model.eval()
     max_len = spec.context_length(model, settings.max_model_len)
-    max_input_len = encoder_input_length(config, tokenizer) if kind == "seq2seq" else None
+    max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
     runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len)
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
@@ -139,6 +139,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         default_max_tokens=settings.default_max_tokens,
         capabilities=spec.capabilities,
         speech=speech,
+        encoder_decoder=spec.text_encoder,
     )
 
 
@@ -162,6 +163,7 @@ class ModelKind:
     build_runner: Callable[[PreTrainedModel, int, int, int], ModelRunner]
     capabilities: frozenset[Capability]
     context_length: Callable[[PreTrainedModel, int | None], int]
+    text_encoder: bool = False  # the text prompt is the encoder's input (T5), with its own length limit
 
 
 def _text_context(model: PreTrainedModel, requested: int | None) -> int:
@@ -178,7 +180,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "causal-lm": ModelKind(
         AutoModelForCausalLM, lambda m, rows, n, _: CausalLMRunner(m, rows, n), _TEXT, _text_context
     ),
-    "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context),
+    "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context, text_encoder=True),
     "whisper": ModelKind(
         WhisperForConditionalGeneration,
         lambda m, rows, n, _: WhisperRunner.with_rules(m, rows),

@@ -78,7 +78,5 @@ class ServingContext:
     default_max_tokens: int | None = None
     capabilities: frozenset[Capability] = frozenset({Capability.TEXT})
     speech: SpeechModel | None = None
-
-    @property
-    def encoder_decoder(self) -> bool:
-        return self.max_input_len is not None
+    # The text prompt goes to an encoder (T5), not before the generated text: as the model kind declares it.
+    encoder_decoder: bool = False
