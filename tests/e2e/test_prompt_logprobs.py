@@ -63,3 +63,33 @@ def test_zero_tokens_without_echo_is_a_400(tiny_server: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         sync_client(tiny_server).completions.create(model="test-model", prompt=PROMPT, max_tokens=0)
     assert bad.value.body["param"] == "max_tokens"
+
+
+def test_vllm_prompt_logprobs_on_both_endpoints(tiny_server: ServerProcess, tiny_llama_dir: Path) -> None:
+    """vLLM's `prompt_logprobs`: per prompt token its logprob, rank and text, plus the top alternatives; None first."""
+    _, tokenizer = load(str(tiny_llama_dir))
+    base = {"model": "test-model", "max_tokens": 2, "temperature": 0, "prompt_logprobs": 3}
+    completion = httpx.post(f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT}, timeout=60).json()
+    messages = [{"role": "user", "content": "Hi there"}]
+    chat_url = f"{tiny_server.base_url}/chat/completions"
+    chat = httpx.post(chat_url, json={**base, "messages": messages}, timeout=60).json()
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    for scored, ids in ((completion["choices"][0]["prompt_logprobs"], tokenizer(PROMPT).input_ids),
+                        (chat["prompt_logprobs"], list(chat_ids))):
+        expected = own_logprobs(tiny_llama_dir, ids)
+        assert len(scored) == len(ids) and scored[0] is None
+        for position, entry in enumerate(scored[1:], start=1):
+            token = ids[position]
+            row = expected[position - 1]
+            mine = entry[str(token)]
+            assert mine["logprob"] == pytest.approx(float(row[token]), abs=1e-4)
+            assert mine["rank"] == int((row > row[token]).sum()) + 1
+            assert mine["decoded_token"] == tokenizer.decode([token])
+            top = row.topk(3).indices.tolist()
+            assert set(entry) == {str(t) for t in top} | {str(token)}
+    plain = httpx.post(f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "prompt_logprobs": None},
+                       timeout=60).json()
+    assert "prompt_logprobs" not in plain["choices"][0]  # absent unless asked for
+    streamed = httpx.post(f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "stream": True},
+                          timeout=60)
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"

@@ -59,6 +59,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    rank: int | None = None  # of the token in its distribution, 1 = likeliest (prompt tokens only)
 
 
 @dataclass

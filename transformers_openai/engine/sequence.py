@@ -122,8 +122,8 @@ class Sequence:
             return None
         prompt = self.request.prompt_token_ids
         scored: list[TokenLogprob | None] = [None]  # the first token: nothing before it predicts it
-        for token_id, (logprob, top) in zip(prompt[1:], self.prefill.prompt_scores, strict=True):
-            scored.append(TokenLogprob(token_id=token_id, logprob=logprob, top=top))
+        for token_id, (logprob, rank, top) in zip(prompt[1:], self.prefill.prompt_scores, strict=True):
+            scored.append(TokenLogprob(token_id=token_id, logprob=logprob, top=top, rank=rank))
         return scored
 
     def stats(self, client_disconnected: bool = False) -> FinishedRequest:

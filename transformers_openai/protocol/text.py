@@ -156,6 +156,8 @@ class _SamplingRequest(_Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
+    # vLLM's extension: score the prompt, with this many alternatives per token (not with stream).
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     user: Text | None = None
     # Accepted and harmless: we store nothing and have one service tier.
     store: bool | None = None
@@ -184,6 +186,13 @@ class _SamplingRequest(_Strict):
                 raise ValueError(f"logit_bias token id {key[:MAX_TOKEN_ID_DIGITS]}... is outside the vocabulary")
         return value
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("stream"):
+            raise ValueError("'prompt_logprobs' is not supported with 'stream'")
+        return value
+
     @model_validator(mode="after")
     def _min_le_max(self) -> _SamplingRequest:
         limit = self.requested_max_tokens()
@@ -199,7 +208,7 @@ class _SamplingRequest(_Strict):
 
     def prompt_logprobs_count(self) -> int | None:
         """Alternatives per prompt token when the prompt is to be scored; None when it is not."""
-        return None
+        return self.prompt_logprobs
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -329,7 +338,9 @@ class CompletionRequest(_SamplingRequest):
         return self.logprobs
 
     def prompt_logprobs_count(self) -> int | None:
-        return self.logprobs if self.echo else None  # echo with logprobs scores the prompt too, as OpenAI does
+        if self.echo and self.logprobs is not None:  # echo with logprobs scores the prompt too, as OpenAI does
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts, each text or token ids."""
@@ -371,6 +382,18 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptTokenLogprob(BaseModel):
+    """vLLM's shape of one token's score in `prompt_logprobs`."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+# Per prompt token: its score and its alternatives' by token id, or None for the first token (vLLM's extension).
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
+
+
 class AssistantMessage(BaseModel):
     role: str
     content: str | None
@@ -391,6 +414,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    # vLLM's extension, only when asked for (absent otherwise, as OpenAI's responses have no such key)
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class DeltaMessage(BaseModel):
@@ -420,6 +445,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    # vLLM's extension, only when asked for (absent otherwise, as OpenAI's responses have no such key)
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class CompletionResponse(BaseModel):

@@ -27,9 +27,9 @@ class PrefillJob:
     # declares it: the scheduler's per-step prefill budget counts it.
     overhead: int = 0
     # Prompt scoring, when asked for (`prompt_logprobs` alternatives per position): the runner fills `prompt_scores`
-    # with (logprob, [(token, logprob)] top) of every prompt token after the first, in order, across chunks.
+    # with (logprob, rank, [(token, logprob)] top) of every prompt token after the first, in order, across chunks.
     prompt_logprobs: int | None = None
-    prompt_scores: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    prompt_scores: list[tuple[float, int, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:

@@ -98,11 +98,13 @@ def _score(job: PrefillJob, logits: torch.Tensor, end: int) -> None:
     if not targets:
         return
     logprobs = logits[: len(targets)].float().log_softmax(dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None])[:, 0].tolist()
+    picked = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None])
+    chosen = picked[:, 0].tolist()
+    ranks = ((logprobs > picked).sum(dim=-1) + 1).tolist()
     k = job.prompt_logprobs or 0
     if k:
         values, indices = logprobs.topk(k, dim=-1)
         tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
     else:
         tops = [[] for _ in targets]
-    job.prompt_scores.extend(zip(chosen, tops, strict=True))
+    job.prompt_scores.extend(zip(chosen, ranks, tops, strict=True))

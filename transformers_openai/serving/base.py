@@ -91,6 +91,9 @@ class GenerationHandler(Generic[RequestT]):
         """
         if request.model not in self.ctx.model_aliases:
             raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        if request.prompt_logprobs is not None and self.ctx.encoder_decoder:
+            message = "an encoder-decoder model reads the prompt with its encoder: it cannot score it"
+            raise BadRequestError(message, param="prompt_logprobs")
         base_id = request_id or uuid.uuid4().hex
         created = int(time.time())
         prompts = await self.prompts(request)

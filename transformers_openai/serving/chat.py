@@ -15,10 +15,12 @@ from transformers_openai.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     DeltaMessage,
+    PromptLogprobs,
     TopLogprob,
     Usage,
 )
 from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
+from transformers_openai.serving.prompt_scores import prompt_logprobs
 
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):
@@ -53,7 +55,14 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
                 for c in choices
             ],
             usage=usage,
+            prompt_logprobs=self._prompt_logprobs(request, choices),
         )
+
+    def _prompt_logprobs(self, request: ChatCompletionRequest, choices: list[Choice]) -> PromptLogprobs | None:
+        scored = choices[0].prompt_logprobs if choices else None
+        if request.prompt_logprobs is None or scored is None:
+            return None
+        return prompt_logprobs(scored, request.prompt_logprobs, self.ctx.tokenizer.token_text)
 
     def first_chunks(self, request_id: str, request: ChatCompletionRequest, choices: list[Choice]) -> list[BaseModel]:
         return [

@@ -10,10 +10,12 @@ from transformers_openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    PromptLogprobs,
     Usage,
 )
 from transformers_openai.serving.base import Choice, GenerationHandler, Prompt, check_token_ids
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.prompt_scores import prompt_logprobs
 
 
 class CompletionHandler(GenerationHandler[CompletionRequest]):
@@ -55,6 +57,7 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                     text=(c.prompt.text or "") + c.text if request.echo else c.text,
                     logprobs=self._choice_logprobs(request, c),
                     finish_reason=c.finish_reason,
+                    prompt_logprobs=self._prompt_logprobs(request, c),
                 )
                 for c in choices
             ],
@@ -109,6 +112,11 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
         generated = self._logprobs(request, choice.logprobs, self._start(request, choice))
         return self._with_prompt(request, choice, generated)
 
+    def _prompt_logprobs(self, request: CompletionRequest, choice: Choice) -> PromptLogprobs | None:
+        if request.prompt_logprobs is None or choice.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(choice.prompt_logprobs, request.prompt_logprobs, self.ctx.tokenizer.token_text)
+
     @staticmethod
     def _start(request: CompletionRequest, choice: Choice) -> int:
         """Where the completion starts in the returned text: after the prompt when it is echoed."""
@@ -127,7 +135,8 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
             text = token_text(token_id)
             scored.tokens.append(text)
             scored.token_logprobs.append(None if entry is None else entry.logprob)
-            scored.top_logprobs.append(None if entry is None else {token_text(t): lp for t, lp in entry.top})
+            top = [] if entry is None else entry.top[: request.logprobs]
+            scored.top_logprobs.append(None if entry is None else {token_text(t): lp for t, lp in top})
             scored.text_offset.append(offset)
             offset += len(text)
         for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
