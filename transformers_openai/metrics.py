@@ -10,6 +10,7 @@ PREFIX = "transformers_openai:"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+_PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -53,6 +54,13 @@ class Metrics:
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
         self.queue = histogram("request_queue_time_seconds", "Time spent waiting for a row.", _LATENCY_BUCKETS)
         self.batch = histogram("batch_size", "Rows advanced per decode step.", _BATCH_BUCKETS)
+        self.step_phase = Histogram(
+            PREFIX + "engine_step_phase_seconds",
+            "Seconds of each engine step spent per phase: prefill, forward, sample, output, total.",
+            [*labels, "phase"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
         self.requests = counter("requests_total", "Requests received, by endpoint.", ("endpoint",))
         self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
         self.real_time_factor = histogram(
@@ -75,6 +83,9 @@ class Metrics:
         itl = self.itl.labels(model)
         for gap in stats.inter_token_latencies_s:
             itl.observe(gap)
+        if stats.batch_size or stats.prompt_tokens:  # a step that did work (an idle one reports freed rows only)
+            for phase, seconds in stats.phase_s.items():
+                self.step_phase.labels(model, phase).observe(seconds)
 
     def on_finished(self, request: FinishedRequest) -> None:
         model = self._model

@@ -193,3 +193,34 @@ def test_prompt_logprobs_equal_the_models_log_softmax(model, tokenizer, requests
         assert last.completion_tokens == req.params.max_tokens
     assert outputs["no-tokens"][0].token_ids == [] and len(outputs["no-tokens"]) == 1
     assert all(o.prompt_logprobs is None for o in outputs[requests[3].request_id])
+
+
+def test_each_step_reports_where_its_time_went(model, tokenizer, requests) -> None:
+    from transformers_openai.engine.stats import STEP_PHASES, NullObserver
+    from transformers_openai.metrics import Metrics
+
+    class Recorder(NullObserver):
+        def __init__(self) -> None:
+            self.steps: list = []
+
+        def on_step(self, stats) -> None:  # type: ignore[no-untyped-def]
+            self.steps.append(stats)
+
+    recorder = Recorder()
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(4, 16), frozenset({tokenizer.eos_token_id}), recorder)
+    drive(core, requests[:4], every=2)
+    worked = [s for s in recorder.steps if s.batch_size or s.prompt_tokens]
+    assert worked and all(set(s.phase_s) <= {*STEP_PHASES, "total"} for s in worked)
+    for stats in worked:
+        parts = sum(v for k, v in stats.phase_s.items() if k != "total")
+        assert all(v >= 0 for v in stats.phase_s.values()) and parts <= stats.phase_s["total"] + 1e-6
+        if stats.batch_size:
+            assert stats.phase_s["forward"] > 0 and "sample" in stats.phase_s and "output" in stats.phase_s
+    metrics = Metrics("m")
+    for stats in recorder.steps:
+        metrics.on_step(stats)
+    text = metrics.render().decode()
+    decode_steps = sum(1 for s in worked if s.batch_size)
+    count = 'transformers_openai:engine_step_phase_seconds_count{{model_name="m",phase="{}"}} {}.0'
+    assert count.format("forward", decode_steps) in text and count.format("total", len(worked)) in text

@@ -14,7 +14,7 @@ from transformers_openai.engine.request import EngineRequest, FinishReason, Requ
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
-from transformers_openai.engine.stats import EngineObserver, NullObserver, StepStats
+from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
 from transformers_openai.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -67,11 +67,13 @@ class EngineCore:
         """
         outputs: list[RequestOutput] = []
         gaps: list[float] = []
+        clock = PhaseClock()
         planned = self.scheduler.prefill_plan()
-        admitted = self._prefill(planned, outputs)
+        with clock("prefill"):
+            admitted = self._prefill(planned, outputs)
         if admitted:
             logits = torch.stack([logit for _, logit in admitted])
-            self._sample(logits, [seq for seq, _ in admitted], outputs, gaps)
+            self._sample(logits, [seq for seq, _ in admitted], outputs, gaps, clock)
         if publish is not None and outputs:
             publish(outputs)
             outputs = []
@@ -79,10 +81,11 @@ class EngineCore:
         batch_size = len(running)
         if running:
             by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
-            decoded = self._decode(by_slot, outputs)
+            with clock("forward"):
+                decoded = self._decode(by_slot, outputs)
             if decoded is not None:
                 slots, logits = decoded
-                self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps)
+                self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps, clock)
         self.observer.on_step(
             StepStats(
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
@@ -93,6 +96,7 @@ class EngineCore:
                 prompt_tokens=sum(take for _, take in planned),
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
+                phase_s=clock.done(),
             )
         )
         return outputs
@@ -164,9 +168,26 @@ class EngineCore:
         return failing
 
     def _sample(
-        self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput], gaps: list[float]
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        outputs: list[RequestOutput],
+        gaps: list[float],
+        clock: PhaseClock,
     ) -> None:
-        for seq, token_id, logprob in self._draw(logits, seqs, outputs):
+        with clock("sample"):
+            drawn = self._draw(logits, seqs, outputs)
+        with clock("output"):
+            self._record(drawn, outputs, gaps)
+
+    def _record(
+        self,
+        drawn: list[tuple[Sequence, int, tuple[float, list[tuple[int, float]]] | None]],
+        outputs: list[RequestOutput],
+        gaps: list[float],
+    ) -> None:
+        """Appends each row's new token: its output (text, stop strings), and the end of rows that finished."""
+        for seq, token_id, logprob in drawn:
             try:
                 output = seq.append(token_id, logprob)
             except Exception as exc:  # e.g. detokenizing: that row's failure only

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Protocol
+
+# Where a step's time goes: prompts in, the batched forward, sampling, turning tokens into outputs (detokenizing,
+# stop strings, bookkeeping); "total" is the whole step.
+STEP_PHASES = ("prefill", "forward", "sample", "output")
 
 
 @dataclass(frozen=True)
@@ -16,6 +23,26 @@ class StepStats:
     prompt_tokens: int  # prefilled this step
     generation_tokens: int  # sampled this step
     inter_token_latencies_s: list[float]
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds per STEP_PHASES entry that ran, and "total"
+
+
+class PhaseClock:
+    """Adds up the seconds spent in each phase of one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def done(self) -> dict[str, float]:
+        return {**self.seconds, "total": time.perf_counter() - self._start}
 
 
 @dataclass(frozen=True)

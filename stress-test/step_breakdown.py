@@ -1,0 +1,91 @@
+"""Where an engine step's time goes at a given batch size, measured in process (no HTTP), from the engine's own
+per-step phase times (the same ones `/metrics` shows as `engine_step_phase_seconds`).
+
+For each batch size, that many requests of `--max-tokens` tokens each (`ignore_eos`) are added at once to a fresh
+engine; the steps that decode the full batch are averaged. Phases: forward (the batched model call), sample (the
+sampler, with the model kind's logits processors), output (detokenizing, stop strings, bookkeeping), total.
+
+Example:
+    python stress-test/step_breakdown.py --model .cache/models/smollm2-135m-instruct --batch 1,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+class _Steps:
+    """An engine observer that keeps every step's statistics."""
+
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+
+    def on_step(self, stats: Any) -> None:
+        self.steps.append(stats)
+
+    def on_finished(self, request: Any) -> None:
+        return None
+
+    def on_stream_stalled(self) -> None:
+        return None
+
+
+def breakdown(model: Any, tokenizer: Any, batch: int, max_tokens: int) -> dict[str, float]:
+    """Mean milliseconds per phase over the steps that decode all `batch` rows."""
+    from transformers_openai.engine.core import EngineCore
+    from transformers_openai.engine.request import EngineRequest
+    from transformers_openai.engine.sampling_params import SamplingParams
+    from transformers_openai.engine.scheduler import Scheduler
+    from transformers_openai.runners.causal_lm import CausalLMRunner
+
+    steps = _Steps()
+    runner = CausalLMRunner(model, max_rows=batch, max_model_len=1024)
+    eos = frozenset({tokenizer.eos_token_id})
+    core = EngineCore(runner, copy.deepcopy(tokenizer), Scheduler(batch, batch), eos, steps)
+    messages = [{"role": "user", "content": PROMPT}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        core.add(EngineRequest(f"r{i}", list(ids), params))
+    while core.has_work():
+        core.step()
+    full = [s.phase_s for s in steps.steps if s.batch_size == batch][1:]  # the first may include its prefill
+    phases = ("forward", "sample", "output", "total")
+    return {phase: 1e3 * statistics.mean(step.get(phase, 0.0) for step in full) for phase in phases}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct")
+    parser.add_argument("--batch", default="1,16", help="comma-separated batch sizes (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    print(f"{args.model.name}, {args.dtype}, {args.threads} thread(s), {args.max_tokens} tokens per request")
+    print("| batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batch.split(",")):
+        ms = breakdown(model, tokenizer, batch, args.max_tokens)
+        rate = batch / ms["total"] * 1e3
+        cells = " | ".join(f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total"))
+        print(f"| {batch} | {cells} | {rate:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
