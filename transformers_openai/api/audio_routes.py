@@ -33,7 +33,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
         "`transcript.text.delta` events, `transcript.text.segment` for srt/vtt, then `transcript.text.done`",
         "content": _TEXT_FORMATS,
     },
-    **error_responses(400, 401, 404, 413, 429, 503),
+    **error_responses(400, 401, 404, 408, 413, 429, 503),
 }
 
 FileField = Annotated[UploadFile, File(description="The audio: wav, flac, mp3, ogg/opus, webm, m4a, ...")]

@@ -13,6 +13,7 @@ _ERROR_DESCRIPTIONS = {
     400: "Invalid request: the error names the parameter",
     401: "Missing or wrong API key (when the server requires one)",
     404: "Unknown model",
+    408: "The request head or body came too slowly (--header-timeout, --body-timeout)",
     413: "Request body over the size limit",
     429: "Server at capacity; retry after the Retry-After seconds",
     503: "Model loading, or server shutting down",

@@ -28,9 +28,10 @@ from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavai
 # Not a standard status: what nginx logs when the client closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
 
-# What every route may answer with our error body: the body checks (400, 413), the key (401), a busy or
+# What every route may answer with our error body: the body checks (400, 413), the key (401), a slow client
+# (408, from the connection guard), a busy or
 # loading server (429, 503; at the connection limit even /metrics gets 503) and unknown models (404).
-_ERRORS = error_responses(400, 401, 404, 413, 429, 503)
+_ERRORS = error_responses(400, 401, 404, 408, 413, 429, 503)
 
 
 def _state(request: Request) -> AppState:
