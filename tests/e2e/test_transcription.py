@@ -220,3 +220,48 @@ def test_metrics_count_audio(whisper_server: ServerProcess, audio_dir: Path) -> 
     assert value(after, "audio_real_time_factor_count") == value(before, "audio_real_time_factor_count") + 1
     assert value(after, 'requests_total{endpoint="transcriptions"') >= 1 + value(
         before, 'requests_total{endpoint="transcriptions"')
+
+
+def test_a_full_server_answers_429_and_a_running_long_form_is_never_refused(
+    whisper_dir: Path, server_logs: Path, audio_dir: Path
+) -> None:
+    """One row, no queue: short requests sent while a long-form transcription runs get 429 (with Retry-After) or
+    their answer; the long-form one's later windows are admitted even when a short one holds the row."""
+    import threading
+
+    from tests.e2e.server import start_server
+
+    server = start_server(whisper_dir, server_logs, "--max-batch-size", "1", "--max-queue", "0")
+    try:
+        url = f"{server.base_url}/audio/transcriptions"
+        events: list[dict] = []
+        started = threading.Event()
+
+        def long_form() -> None:
+            files = {"file": ("long.wav", (audio_dir / LONG).read_bytes())}
+            try:
+                with httpx.stream("POST", url, files=files, data={"model": MODEL, "stream": "true"}, timeout=300) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            events.append(json.loads(line[6:]))
+                            started.set()  # its first window is done: the short requests start now
+            finally:
+                started.set()
+
+        runner = threading.Thread(target=long_form)
+        runner.start()
+        assert started.wait(timeout=120)
+        short = {"file": ("s1.wav", (audio_dir / "flite-s1.wav").read_bytes())}
+        answers: list[httpx.Response] = []
+        while runner.is_alive() and len(answers) < 200:
+            answers.append(httpx.post(url, files=short, data={"model": MODEL}, timeout=60))
+        runner.join(timeout=300)
+        assert events and events[-1]["type"] == "transcript.text.done"
+        assert word_error_rate((audio_dir / "longform.txt").read_text(), events[-1]["text"]) <= 0.05
+        statuses = {a.status_code for a in answers}
+        assert statuses <= {200, 429} and 429 in statuses, statuses
+        refused = [a for a in answers if a.status_code == 429]
+        assert all(int(a.headers["retry-after"]) >= 1 and a.json()["error"]["code"] == "server_overloaded"
+                   for a in refused)
+    finally:
+        server.stop()
