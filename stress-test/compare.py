@@ -43,7 +43,6 @@ import os
 import random
 import sys
 import time
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from importlib.metadata import version
@@ -54,7 +53,7 @@ from typing import Any
 import httpx
 import numpy as np
 from loadclient import Clip, StreamTimer, load_clips, send_transcription
-from loadserver import free_port, is_loopback, spawned
+from loadserver import free_port, is_loopback, served_model, spawned
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("server", "transformers-serve", "generate-loop")
@@ -260,15 +259,6 @@ async def closed_loop(
         return results, time.perf_counter() - start
 
 
-def get_ok(url: str) -> httpx.Response | None:
-    """GET a loopback URL; the response if it is a 200, else None."""
-    try:
-        resp = httpx.get(url, timeout=5.0, trust_env=False)
-        return resp if resp.status_code == 200 else None
-    except httpx.HTTPError:
-        return None
-
-
 # ----------------------------------------------------------------------------- subprocess servers
 
 
@@ -306,9 +296,8 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
 
 def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float) -> list[Row]:
     model = args.model_name or str(args.model)
-    if target == "server" and not args.model_name and (resp := get_ok(f"{base}/v1/models")):
-        with suppress(ValueError, KeyError, IndexError, TypeError):
-            model = str(resp.json()["data"][0]["id"])
+    if target == "server" and not args.model_name:
+        model = served_model(base, model)
     warm_up = inputs(args, 2, args.seed + 1)
     warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, 2, deadline - time.monotonic()))
     if not any(r.ok for r in warm):

@@ -139,6 +139,16 @@ def test_language_detection_picks_the_likeliest_language_token(model: WhisperFor
             logits = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([[SOT]])).logits[0, -1]
         assert runner.detect_language(features, SOT, languages) == languages[int(logits[languages].argmax())]
     assert runner.rows_in_use() == 0  # outside the batch
+    calls: list[int] = []
+    hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
+    try:
+        runner.detect_language(window(4), SOT, languages, window_id="req-w0")
+        job = PrefillJob([SOT], {"input_features": window(4), "window_id": "req-w0"})
+        assert runner.prefill_overhead(job) == 0
+        runner.prefill(job, 10_000)
+    finally:
+        hook.remove()
+    assert calls == [1]  # the window's prefill reused the encoder pass of the detection
 
 
 @torch.inference_mode()

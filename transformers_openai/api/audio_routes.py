@@ -5,12 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.routes import CLIENT_CLOSED_REQUEST, disconnect_waiter
-from transformers_openai.api.sse import sse_response
+from transformers_openai.api.routes import respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.audio import (
     Granularity,
@@ -20,7 +17,6 @@ from transformers_openai.protocol.audio import (
     TranscriptionRequest,
     TranscriptionVerbose,
 )
-from transformers_openai.serving.disconnect import ClientDisconnected
 from transformers_openai.serving.errors import BadRequestError, PayloadTooLargeError
 from transformers_openai.serving.transcript_formats import MEDIA_TYPES
 
@@ -110,17 +106,9 @@ async def _serve(
         temperature=temperature,
         **fields,
     )
-    request_id = request.scope.get("state", {}).get("request_id")
-    try:
-        result = await handler.create(body, disconnect_waiter(request), request_id)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if isinstance(result, BaseModel):
-        return JSONResponse(result.model_dump(exclude_none=True))
-    if isinstance(result, str):
-        return Response(result, media_type=MEDIA_TYPES[response_format])
-    settings = app.state.settings
-    return sse_response(result, request_id or "-", settings.stream_stall_timeout, app.state.metrics.on_stream_stalled)
+    return await respond(
+        request, lambda wait, request_id: handler.create(body, wait, request_id), MEDIA_TYPES[response_format]
+    )
 
 
 async def _read_limited(file: UploadFile, limit: int) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -47,18 +47,29 @@ def disconnect_waiter(request: Request) -> WaitDisconnect:
     return wait
 
 
-async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
-    request.app.state.metrics.on_request(handler.endpoint)
+Create = Callable[[WaitDisconnect, str | None], Awaitable[BaseModel | str | AsyncIterator[BaseModel]]]
+
+
+async def respond(request: Request, create: Create, text_media_type: str = "text/plain") -> Response:
+    """Runs a handler's `create(wait_disconnect, request_id)` and answers with what it made: JSON, plain text
+    (`text_media_type`) or Server-Sent Events; a client gone before a non-streaming answer gets 499."""
+    request_id = request.scope.get("state", {}).get("request_id")  # set by RequestIdMiddleware
     try:
-        request_id = request.scope.get("state", {}).get("request_id")  # set by RequestIdMiddleware
-        result = await handler.create(body, disconnect_waiter(request), request_id)
+        result = await create(disconnect_waiter(request), request_id)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):
         return JSONResponse(result.model_dump())
+    if isinstance(result, str):
+        return Response(result, media_type=text_media_type)
     app = request.app
     stall_timeout_s = app.state.settings.stream_stall_timeout
     return sse_response(result, request_id or "-", stall_timeout_s, app.state.metrics.on_stream_stalled)
+
+
+async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
+    request.app.state.metrics.on_request(handler.endpoint)
+    return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
 
 
 # One Server-Sent Event (OpenAPI before 3.2 describes an event stream by its events).

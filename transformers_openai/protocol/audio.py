@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 Granularity = Literal["segment", "word"]
@@ -70,8 +70,8 @@ class TranscriptionVerbose(BaseModel):
     language: str  # the full lower-case English name, e.g. "english"
     duration: float
     text: str
-    segments: list[TranscriptionSegment] | None = None
-    words: list[TranscriptionWord] | None = None
+    segments: list[TranscriptionSegment] | None = Field(default=None, exclude_if=lambda value: value is None)
+    words: list[TranscriptionWord] | None = Field(default=None, exclude_if=lambda value: value is None)
     usage: DurationUsage
 
 

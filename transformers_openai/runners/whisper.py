@@ -77,7 +77,7 @@ class WhisperRunner(Seq2SeqRunner):
                 logger.warning("batched encoder pass failed; encoding its %d windows alone", len(fresh), exc_info=True)
             else:
                 for job, states in zip(fresh, hidden.last_hidden_state, strict=True):
-                    job.state = states[None]
+                    job.state = states[None].clone()  # its own: a kept window must not hold the whole batch
         return super().prefill_batch(jobs)
 
     def _features(self, job: PrefillJob) -> torch.Tensor:
@@ -131,10 +131,16 @@ class WhisperRunner(Seq2SeqRunner):
         return {"decoder_position_ids": positions}
 
     @torch.inference_mode()
-    def detect_language(self, features: torch.Tensor, sot: int, language_tokens: Sequence[int]) -> int:
-        """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch)."""
-        features = torch.as_tensor(features, device=self.device, dtype=self.model.dtype).reshape(1, -1, WINDOW_FRAMES)
-        out = self.model(input_features=features, decoder_input_ids=torch.tensor([[sot]], device=self.device))
+    def detect_language(
+        self, features: torch.Tensor, sot: int, language_tokens: Sequence[int], window_id: str | None = None
+    ) -> int:
+        """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch).
+
+        With `window_id`, the encoder output is kept for that window's prefill, which then does not encode again.
+        """
+        encoded = self._encode(self._features(PrefillJob([], {"input_features": features})), window_id)
+        decoder_input_ids = torch.tensor([[sot]], device=self.device)
+        out = self.model(encoder_outputs=(encoded,), decoder_input_ids=decoder_input_ids)
         candidates = torch.tensor(list(language_tokens), device=self.device)
         return int(candidates[out.logits[0, -1, candidates].argmax()])
 

@@ -93,7 +93,7 @@ class TranscriptionHandler:
         audio = await asyncio.to_thread(self._prepare, request)
         prompt = await self._prompt(request)
         if language is None:
-            language = await self._detect_language(audio)
+            language = await self._detect_language(audio, f"{base_id}-w0")
         progress = _Progress(base_id, Transcript(task=request.task, language=language, duration=audio.duration))
         # The first window goes in now, so a full server answers 429 before any response starts.
         first = self._submit(base_id, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
@@ -145,12 +145,13 @@ class TranscriptionHandler:
         ids = await self.ctx.tokenizer.encode_text(" " + request.prompt.strip(), add_special_tokens=False)
         return [token for token in ids if token < self.speech.tokens.eot]
 
-    async def _detect_language(self, audio: _Audio) -> str:
+    async def _detect_language(self, audio: _Audio, window_id: str) -> str:
+        """One decoder step on the first window; its encoder output is kept for that window's decoding."""
         tokens = self.speech.tokens
-        window = audio.features[:, :WINDOW_FRAMES]
+        window = np.ascontiguousarray(audio.features[:, :WINDOW_FRAMES])
         candidates = dict(tokens.languages)
         best: int = await self.ctx.engine.call(
-            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()))
+            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()), window_id)
         )
         return next(code for code, token in candidates.items() if token == best)
 
