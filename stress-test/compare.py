@@ -9,7 +9,7 @@ Targets (`--target`, repeatable, or `all`):
 * `server`: `python -m transformers_openai.main` started as a subprocess on a free loopback port
   (or an already running one given with `--url`), driven with streaming OpenAI requests that carry
   `ignore_eos: true` so that every request yields exactly `--max-tokens` tokens.
-* `transformers-serve`: `transformers serve --continuous-batching` (CPU, float32) with the model
+* `transformers-serve`: `transformers serve --continuous-batching` (same `--device` and `--dtype`) with the model
   directory as its forced model. It needs `pip install 'transformers[serving]'` (fastapi, uvicorn,
   openai, ...). It rejects unknown body fields such as `ignore_eos`, so exact lengths are forced via
   its `generation_config` field (`min_new_tokens = max_new_tokens = --max-tokens`). It ignores
@@ -56,7 +56,7 @@ from loadclient import Clip, StreamTimer, load_clips, send_transcription
 from loadserver import free_port, is_loopback, served_model, spawned
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("server", "transformers-serve", "generate-loop")
+TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` only when asked for
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
 DEFAULT_AUDIO = REPO_ROOT / "tests" / "data" / "audio"
@@ -112,9 +112,11 @@ class Row:
     audio_s_per_s: float | None = None
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
+    ttft_max_ms: float | None = None  # a burst's last first token: the level's slowest time to first token
     itl_p50_ms: float | None = None
     e2e_p50_s: float | None = None
     note: str = ""
+    repeat: int = 1  # the interleaved repetition it belongs to
 
 
 def pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
@@ -131,7 +133,7 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
     tok_s = round(tokens / wall, 2) if wall > 0 and tokens else None
     audio = sum(r.audio_s for r in good)
     audio_rate = round(audio / wall, 2) if wall > 0 and audio else None
-    ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3)), pct([r.e2e for r in good], 50)
+    ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3), pct(ttfts, 100, 1e3)), pct([r.e2e for r in good], 50)
     return Row(
         target, conc, len(results), len(errors), tokens, round(wall, 3), tok_s, audio_rate, *ttft,
         pct(itls, 50, 1e3), e2e, note,
@@ -236,7 +238,8 @@ async def closed_loop(
 
         async def one(prompt: Any) -> Result:
             if args.endpoint == "transcription":
-                ours = target == "server"  # transformers serve streams raw text and keeps only the first 30 s
+                # transformers serve streams raw text and keeps only the first 30 s
+                ours = target in ("server", "baseline")
                 sent = prompt.seconds if ours else min(prompt.seconds, 30.0)
                 coro = transcribe_one(client, url, prompt, model, ours, sent)
             else:
@@ -265,16 +268,16 @@ async def closed_loop(
 def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
     model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
     if target == "server":
-        opts = f"--max-batch-size {args.max_batch_size} --dtype float32 --device cpu --torch-threads {args.threads}"
+        opts = f"--max-batch-size {args.max_batch_size} --dtype {args.dtype} --device {args.device}"
+        opts += f" --torch-threads {args.threads}"
         server = [sys.executable, "-m", "transformers_openai.main", "--model", model]
         return [*server, *listen, *opts.split(), *args.server_arg]
-    exe = Path(sys.executable).parent / "transformers"
-    if not exe.exists():
-        raise RuntimeError(f"no `transformers` CLI next to {sys.executable}")
-    flags = ["--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+    # transformers' own CLI entry point, run by this interpreter (its `transformers` script may not be on PATH)
+    exe = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())"]
+    flags = ["--device", args.device, "--dtype", args.dtype, "--log-level", "warning"]
     if args.endpoint != "transcription":
         flags.insert(0, "--continuous-batching")
-    return [str(exe), "serve", *flags, *listen, model]
+    return [*exe, "serve", *flags, *listen, model]
 
 
 def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path) -> list[Row]:
@@ -287,6 +290,8 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
     try:
         if target == "server" and args.url:
             return run_levels(args, target, args.url, deadline)
+        if target == "baseline":
+            return run_levels(args, target, args.baseline_url, deadline)
         port = free_port()
         with spawned(server_command(args, target, port), port, env, log, args.startup_timeout) as base:
             return run_levels(args, target, base, deadline)
@@ -296,7 +301,7 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
 
 def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float) -> list[Row]:
     model = args.model_name or str(args.model)
-    if target == "server" and not args.model_name:
+    if target in ("server", "baseline") and not args.model_name:
         model = served_model(base, model)
     warm_up = inputs(args, 2, args.seed + 1)
     warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, 2, deadline - time.monotonic()))
@@ -328,7 +333,9 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    model: Any = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa", device_map=args.device
+    )
     model.eval()
     n = args.max_tokens
 
@@ -340,7 +347,7 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
         return tok(prompt, return_tensors="pt")
 
     def run(prompt: str) -> Result:
-        inputs = encode(prompt)
+        inputs = encode(prompt).to(model.device)
         start = time.perf_counter()
         with torch.inference_mode():
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -417,6 +424,8 @@ def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float | None]:
         a, b = tps(target, hi), tps(target, lo)
         out[f"{target} c{hi} / {target} c{lo}"] = round(a / b, 2) if a and b else None
         out[f"{target} c{hi} / generate-loop"] = round(a / base, 2) if a and base else None
+    ours, peer = tps("server", hi), tps("transformers-serve", hi)
+    out[f"server c{hi} / transformers-serve c{hi}"] = round(ours / peer, 2) if ours and peer else None
     return out
 
 
@@ -428,7 +437,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--model", type=Path, default=DEFAULT_MODEL, help="local HF model directory (default: %(default)s)")
-    add("--target", action="append", choices=[*TARGETS, "all"], help="what to run; repeatable (default: all)")
+    add("--target", action="append", choices=[*TARGETS, "baseline", "all"],
+        help="what to run; repeatable (default: all)")
+    add("--baseline-url", help="target `baseline`: an already running server at this loopback URL (e.g. an older "
+        "checkout of ours), benchmarked like `server` and interleaved with the other targets")
     add("--url", help="benchmark an already running `server` at this loopback base URL instead of spawning one")
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
     add("--endpoint", choices=["completions", "chat", "transcription"], default="completions",
@@ -438,6 +450,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--requests", type=int, default=0, help="requests per level (default: max(2*concurrency, 8))")
     add("--max-tokens", type=int, default=64, help="exact output tokens per request (default: %(default)s)")
     add("--max-batch-size", type=int, default=16, help="for our server (default: %(default)s)")
+    add("--device", choices=["cpu", "cuda"], default="cpu", help="where every target runs (default: %(default)s)")
+    add("--dtype", choices=["float32", "bfloat16"], default="float32",
+        help="every target's weights (default: %(default)s)")
+    add("--repeat", type=int, default=1, help="interleaved repetitions: all targets, then all again (default: 1)")
     add("--threads", type=int, default=1, help="torch/OMP threads of each model process (default: %(default)s)")
     add("--seed", type=int, default=0, help="prompt selection seed (default: %(default)s)")
     add("--request-timeout", type=float, default=300.0, help="seconds per request (default: %(default)s)")
@@ -449,6 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     targets = args.target or ["all"]
     args.target = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
     args.url = check_loopback(args.url) if args.url else None
+    args.baseline_url = check_loopback(args.baseline_url) if args.baseline_url else None
+    if "baseline" in args.target and not args.baseline_url:
+        p.error("--target baseline needs --baseline-url")
     args.model = args.model.resolve()  # spawned servers run from the repository root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out = args.out or REPO_ROOT / "stress-test" / "results" / f"compare-{stamp}.json"
@@ -461,15 +480,23 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.time_limit
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    for target in args.target:
-        print(f"== {target}", file=sys.stderr)
-        if time.monotonic() > deadline:
-            rows.append(Row(target, 0, note="skipped: run time limit"))
-        elif target == "generate-loop":
-            rows.extend(bench_generate(args, deadline))
-        else:
-            rows.extend(bench_http(args, target, deadline, args.out.with_suffix(f".{target}.log")))
-    ratio = ratios(rows, args.concurrency)
+    for rep in range(1, args.repeat + 1):
+        for target in args.target:
+            print(f"== {target} (repetition {rep})", file=sys.stderr)
+            if time.monotonic() > deadline:
+                new = [Row(target, 0, note="skipped: run time limit")]
+            elif target == "generate-loop":
+                new = bench_generate(args, deadline)
+            else:
+                new = bench_http(args, target, deadline, args.out.with_suffix(f".{target}.{rep}.log"))
+            for row in new:
+                row.repeat = rep
+            rows.extend(new)
+    ratio: dict[str, float | None] = {}
+    for rep in range(1, args.repeat + 1):
+        suffix = f" (repetition {rep})" if args.repeat > 1 else ""
+        mine = [row for row in rows if row.repeat == rep]
+        ratio |= {name + suffix: value for name, value in ratios(mine, args.concurrency).items()}
     print(markdown(rows))
     print()
     for name, value in ratio.items():

@@ -69,15 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    print(f"{args.model.name}, {args.dtype}, {args.threads} thread(s), {args.max_tokens} tokens per request")
+    print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each")
     print("| batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
         ms = breakdown(model, tokenizer, batch, args.max_tokens)
