@@ -224,3 +224,91 @@ def test_each_step_reports_where_its_time_went(model, tokenizer, requests) -> No
     decode_steps = sum(1 for s in worked if s.batch_size)
     count = 'transformers_openai:engine_step_phase_seconds_count{{model_name="m",phase="{}"}} {}.0'
     assert count.format("forward", decode_steps) in text and count.format("total", len(worked)) in text
+
+
+class ForwardCounter:
+    """Counts the model's forward calls and the rows each one ran over."""
+
+    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
+        self.batches: list[tuple[int, int]] = []  # (rows, columns) of each forward
+        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs) -> None:  # type: ignore[no-untyped-def]
+        ids = kwargs.get("input_ids")
+        self.batches.append(tuple(ids.shape))
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def test_a_burst_is_prefilled_in_a_few_padded_forwards_and_matches_generate(model, tokenizer, requests, reference):
+    runner = CausalLMRunner(model, max_rows=10, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(10, 16), frozenset({tokenizer.eos_token_id}))
+    counter = ForwardCounter(model)
+    try:
+        for req in requests:  # all ten at once: lengths 1 to 60, admitted in the first step
+            core.add(req)
+        first = core.step()
+        *prefills, decode = counter.batches  # the step's prefill forwards, then its decode step of all rows
+    finally:
+        counter.close()
+    assert sorted(o.request_id for o in first if o.completion_tokens == 1) == sorted(r.request_id for r in requests)
+    # Fewer forwards than prompts, each padded to at most 1.25x its real tokens (the CPU setting).
+    lengths = sorted(len(r.prompt_token_ids) for r in requests)
+    assert decode == (len(requests), 1)
+    assert 1 < len(prefills) < len(requests)
+    assert sum(rows for rows, _ in prefills) == len(requests)
+    assert sum(rows * cols for rows, cols in prefills) <= 1.25 * sum(lengths)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for output in first:
+        tokens[output.request_id].extend(output.token_ids)
+    while core.has_work():
+        for output in core.step():
+            tokens[output.request_id].extend(output.token_ids)
+    assert tokens == reference
+    assert runner.rows_in_use() == 0
+
+
+def test_identical_prompts_share_one_prefill_and_each_row_decodes_alone(model, tokenizer, requests, reference):
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(4, 16), frozenset({tokenizer.eos_token_id}))
+    base = requests[3]  # 33 tokens
+    copies = [EngineRequest(f"copy{i}", list(base.prompt_token_ids), base.params) for i in range(3)]
+    counter = ForwardCounter(model)
+    tokens: dict[str, list[int]] = {req.request_id: [] for req in copies}
+    try:
+        for req in copies:
+            core.add(req)
+        while core.has_work():
+            for output in core.step():
+                tokens[output.request_id].extend(output.token_ids)
+            if counter.batches and len(counter.batches) == 2:
+                assert runner.rows_in_use() == 3
+    finally:
+        counter.close()
+    # One forward of one prompt for the three rows; every later forward is a decode step of all three.
+    assert counter.batches[0] == (1, 33)
+    assert all(shape == (3, 1) for shape in counter.batches[1:])
+    assert all(t == reference[base.request_id] for t in tokens.values())
+    assert runner.rows_in_use() == 0
+
+
+def test_batched_prefill_gives_each_prompt_its_own_logits_and_cache(model, requests) -> None:
+    """Numerically, not only greedily (the tiny model's argmax hardly depends on positions)."""
+    from transformers_openai.runners.base import PrefillJob
+
+    runner = CausalLMRunner(model, max_rows=10, max_model_len=512)
+    prompts = [list(r.prompt_token_ids) for r in requests]
+    results = runner.prefill_batch([(PrefillJob(ids), 4096) for ids in prompts])
+    slots = {}
+    with torch.inference_mode():
+        for ids, result in zip(prompts, results, strict=True):
+            assert isinstance(result, tuple)
+            slot, logits = result
+            slots[slot] = ids
+            alone = model(torch.tensor([ids])).logits[0, -1]
+            torch.testing.assert_close(logits, alone, atol=1e-4, rtol=1e-4)
+        order, stepped = runner.decode(dict.fromkeys(slots, 5))
+        for slot, logits in zip(order, stepped, strict=True):
+            full = model(torch.tensor([[*slots[slot], 5]])).logits[0, -1]
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)

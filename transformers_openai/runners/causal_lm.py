@@ -9,14 +9,26 @@ from transformers import DynamicCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
+from transformers_openai.runners.prefill_groups import length_groups
 from transformers_openai.runners.slots import SlotTable
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
 SCORED_CHUNK_TOKENS = 512
+# Padding a batched prefill may add, as a share of its real tokens. On a CPU padding costs its arithmetic; on a
+# GPU a forward costs mostly its launch overhead, so fewer, more padded forwards win.
+MAX_PADDING = {"cpu": 0.25}
+MAX_PADDING_ELSEWHERE = 1.0
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class CausalLMRunner(OneByOnePrefill):
-    """Prefills each request alone, then decodes all rows together over one `BatchKVCache`."""
+    """Prefills the prompts admitted in a step together, then decodes all rows together over one `BatchKVCache`.
+
+    Prompts that fit whole in their step go through one left-padded forward per group of similar lengths
+    (identical prompts are computed once and their rows copied); a prompt chunked over several steps, or one whose
+    logprobs are scored, is prefilled alone.
+    """
 
     logits_processors: Sequence[LogitsProcessor] = ()
 
@@ -25,6 +37,7 @@ class CausalLMRunner(OneByOnePrefill):
         self.max_rows = max_rows
         self.max_model_len = max_model_len
         self.device = model.device
+        self.max_padding = MAX_PADDING.get(self.device.type, MAX_PADDING_ELSEWHERE)
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self._cache = BatchKVCache(layers, max_rows, max_model_len)
         self._slots = SlotTable(max_rows)
@@ -34,6 +47,68 @@ class CausalLMRunner(OneByOnePrefill):
 
     def prefill_overhead(self, job: PrefillJob) -> int:
         return 0  # its tokens are the whole cost
+
+    @torch.inference_mode()
+    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
+        outcomes: list[PrefillResult | Exception] = [None] * len(jobs)
+        alone: list[int] = []
+        same: dict[tuple[int, ...], list[int]] = {}  # each distinct whole prompt -> the jobs that have it
+        for i, (job, take) in enumerate(jobs):
+            whole = job.state is None and job.prompt_logprobs is None and 0 < job.remaining <= take
+            if whole:
+                same.setdefault(tuple(job.prompt_token_ids), []).append(i)
+            else:
+                alone.append(i)
+        prompts = list(same)
+        filled: list[tuple[tuple[int, ...], Layers, torch.Tensor]] = []
+        for group in length_groups([len(p) for p in prompts], self.max_padding):
+            members = [prompts[g] for g in group]
+            try:
+                filled.extend(zip(members, *self._prefill_together(members), strict=True))
+            except Exception:  # noqa: BLE001 - one prompt may be at fault: each of them alone, failing alone
+                alone.extend(i for prompt in members for i in same[prompt])
+        # The longest first: a row longer than the batch shifts every row once, not once per newcomer.
+        for prompt, layers, logits in sorted(filled, key=lambda f: -len(f[0])):
+            for i in same[prompt]:
+                try:
+                    pos = self._cache.insert(layers)
+                except Exception as exc:  # noqa: BLE001 - that job's failure only
+                    outcomes[i] = exc
+                    continue
+                jobs[i][0].done = len(prompt)
+                outcomes[i] = self._slots.add(pos), logits
+        for i in alone:
+            try:
+                outcomes[i] = self.prefill(*jobs[i])
+            except Exception as exc:  # noqa: BLE001 - that job's failure only
+                outcomes[i] = exc
+        return outcomes
+
+    def _prefill_together(self, prompts: list[tuple[int, ...]]) -> tuple[list[Layers], list[torch.Tensor]]:
+        """One left-padded forward over whole prompts; each prompt's own K/V (padding cut off) and last logits."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch = layer_tensors(cache)
+        layers = [
+            [(k[row : row + 1, :, width - len(p) :], v[row : row + 1, :, width - len(p) :]) for k, v in batch]
+            for row, p in enumerate(prompts)
+        ]
+        logits = out.logits[:, -1].float()
+        return layers, list(logits)
 
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
