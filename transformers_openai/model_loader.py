@@ -62,7 +62,14 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
         return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[setting]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX); elsewhere bf16 is emulated and
+    slower than float32."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 def context_length(config: PretrainedConfig, requested: int | None) -> int:

@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
         validation_alias=AliasChoices("dtype", "torch_dtype"),
-        description="Weights dtype; auto is bfloat16 on CUDA (float16 where bf16 is unsupported), float32 on CPU.",
+        description="Weights dtype; auto is bfloat16 on CUDA (float16 where bf16 is unsupported) and on CPUs with "
+        "native bf16 matrix units (AVX512-BF16 or AMX), float32 on other CPUs.",
     )
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="Where the model runs; auto prefers CUDA.")
     attn_implementation: str = Field("sdpa", description="Attention kernel: sdpa, eager, flash_attention_2, ...")
