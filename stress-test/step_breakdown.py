@@ -38,7 +38,9 @@ class _Steps:
         return None
 
 
-def breakdown(model: Any, tokenizer: Any, batch: int, max_tokens: int) -> dict[str, float]:
+def breakdown(
+    model: Any, tokenizer: Any, batch: int, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0
+) -> dict[str, float]:
     """Mean milliseconds per phase over the steps that decode all `batch` rows."""
     from transformers_openai.engine.core import EngineCore
     from transformers_openai.engine.request import EngineRequest
@@ -52,7 +54,7 @@ def breakdown(model: Any, tokenizer: Any, batch: int, max_tokens: int) -> dict[s
     core = EngineCore(runner, copy.deepcopy(tokenizer), Scheduler(batch, batch), eos, steps)
     messages = [{"role": "user", "content": PROMPT}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True)
     for i in range(batch):
         core.add(EngineRequest(f"r{i}", list(ids), params))
     while core.has_work():
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
     model = model.to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each")
+    sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+    print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each, "
+          f"{sampling}")
     print("| batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
-        ms = breakdown(model, tokenizer, batch, args.max_tokens)
+        ms = breakdown(model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p)
         rate = batch / ms["total"] * 1e3
         cells = " | ".join(f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total"))
         print(f"| {batch} | {cells} | {rate:.0f} |")

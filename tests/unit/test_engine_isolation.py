@@ -130,6 +130,8 @@ def run(core: EngineCore, requests: list[EngineRequest]) -> dict[str, dict[str, 
     results: dict[str, dict[str, Any]] = {r.request_id: {"tokens": [], "text": ""} for r in requests}
     for request in requests:
         core.add(request)
+        if request.request_id == "bad" and request.params.temperature == 1.0:  # the sampling fault
+            core.scheduler.waiting["bad"].sampler_row.generator = BrokenGenerator()  # type: ignore[assignment]
     for _ in range(200):
         if not core.has_work():
             break
@@ -153,11 +155,19 @@ def alone(model, tokenizer, prompt_ids) -> dict[str, dict[str, Any]]:
     return results
 
 
+class BrokenGenerator:
+    """Lets the engine save and rewind its state, then fails when the sampler draws from it."""
+
+    def get_state(self) -> torch.Tensor:
+        return torch.Generator().get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        return None
+
+
 def poisoned(fail_in: str, prompt_ids: list[int]) -> EngineRequest:
-    if fail_in == "sampling":
-        # What an unbounded top_k did to the whole batch before: torch cannot hold 2**63 in an int64.
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_k=2**63)
-        return EngineRequest("bad", prompt_ids[:7], params)
+    if fail_in == "sampling":  # its generator is swapped for a broken one once it is added (see `run`)
+        return EngineRequest("bad", prompt_ids[:7], SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0))
     return EngineRequest("bad", [MARKER, *prompt_ids[:3]], GREEDY)  # short: the marker stays in the detokenizer context
 
 

@@ -192,3 +192,60 @@ def test_model_kind_processors_rule_the_distribution_before_logprobs_and_samplin
     expected = torch.log_softmax(ruled, dim=-1)
     assert chosen == pytest.approx(float(expected.max()), abs=1e-5)
     assert [t for t, _ in top] == expected.topk(2).indices.tolist()
+
+
+def reference_draw(scaled: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """Top-k, top-p and min-p over a full sort of the vocabulary, then the inverse-CDF draw: the plain definition."""
+    values, ids = scaled.sort(descending=True)
+    if params.top_k > 0:
+        values = values.masked_fill(torch.arange(values.numel()) >= params.top_k, float("-inf"))
+    probs = values.softmax(dim=-1)
+    probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= params.top_p, 0.0)
+    probs = probs.masked_fill(probs < params.min_p * probs[0], 0.0)
+    cdf = probs.cumsum(dim=-1)
+    return int(ids[int(torch.searchsorted(cdf, u * cdf[-1], right=True))])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"top_p": 0.9},
+        {"top_p": 0.5, "min_p": 0.05},
+        {"top_k": 40},
+        {"top_k": 700, "top_p": 0.8},
+        {"top_p": 0.6, "temperature": 1.5},  # spread past the first candidates, within the second
+        {"top_p": 0.999, "temperature": 3.0},  # mass spread past the first candidates: the whole vocabulary is ranked
+    ],
+)
+def test_ranked_draws_equal_a_full_sort_on_a_large_vocabulary(params: dict[str, float]) -> None:
+    from transformers_openai.engine.sampler import TOP_P_CANDIDATES
+
+    vocab = 6 * TOP_P_CANDIDATES[-1]
+    logits = torch.randn(24, vocab, generator=torch.Generator().manual_seed(5)) * 4
+    rows = [row(seed=s, **params) for s in range(24)]
+    expected = []
+    for i, r in enumerate(rows):
+        u = float(torch.rand(1, generator=torch.Generator().manual_seed(i)))
+        expected.append(reference_draw(logits[i] / r.params.temperature, r.params, u))
+    assert Sampler()(logits, rows).token_ids == expected
+    assert len(set(expected)) > 5  # the rows really sample
+
+
+def test_penalties_follow_the_tokens_as_they_come() -> None:
+    """The per-row penalty state, updated one token at a time, equals penalties recomputed from the token lists."""
+    prompt = [3, 5, 5]
+    params = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.7, "temperature": 0.0}
+    r = row(prompt=prompt, **params)
+    output = r.output_ids  # the sequence's live list, as the engine shares it
+    for step, token in enumerate([5, 9, 9, 9, 1]):
+        logits = logits_for(1, seed=step)
+        expected = logits[0].clone()
+        seen = sorted(set(prompt + output))
+        values = expected[seen]
+        expected[seen] = torch.where(values > 0, values / 1.3, values * 1.3)
+        counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=VOCAB).float()
+        expected -= 0.7 * counts + 0.4 * (counts > 0).float()
+        adjusted = logits.clone()
+        Sampler._adjust(adjusted, [r], [0])
+        torch.testing.assert_close(adjusted[0], expected)
+        output.append(token)
