@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from typing import Any
 
@@ -22,6 +23,10 @@ class TokenizerService:
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         self.vocab_size = len(tokenizer)
+        # Single tokens' texts (logprobs) are looked up on the event loop: from a copy of the tokenizer only that
+        # thread uses, so no lookup waits for the lock a long chat rendering holds, and each token decoded once.
+        self._single = copy.deepcopy(tokenizer)
+        self._token_texts: dict[int, str] = {}
 
     @property
     def has_chat_template(self) -> bool:
@@ -43,8 +48,11 @@ class TokenizerService:
         return await asyncio.to_thread(self._decode, token_ids)
 
     def token_text(self, token_id: int) -> str:
-        with self._lock:
-            return str(self._tokenizer.decode([token_id], skip_special_tokens=False))
+        """A token's text, for logprobs; call it from the event loop only."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = str(self._single.decode([token_id], skip_special_tokens=False))
+        return text
 
     def _render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         with self._lock:
