@@ -303,8 +303,11 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
     model = args.model_name or str(args.model)
     if target in ("server", "baseline") and not args.model_name:
         model = served_model(base, model)
-    warm_up = inputs(args, 2, args.seed + 1)
-    warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, 2, deadline - time.monotonic()))
+    # One burst at the highest concurrency first: a freshly started process is slower until its allocator and
+    # caches reach their working size (seen: 20-35% longer decode steps than a long-running one in its first waves).
+    width = max(args.concurrency)
+    warm_up = inputs(args, width, args.seed + 1)
+    warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, width, deadline - time.monotonic()))
     if not any(r.ok for r in warm):
         raise RuntimeError(f"warm-up failed: {warm[0].error}")
     rows = []
