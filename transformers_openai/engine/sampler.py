@@ -205,7 +205,9 @@ def _draw_ranked(scaled: torch.Tensor, params: list[SamplingParams], u: torch.Te
     for candidates in widths:
         width = min(max([*top_k, candidates]), vocab)
         values, ids = scaled.topk(width, dim=-1)
-        if width == vocab or bool((by_k | ((values - log_norm).exp().sum(-1, keepdim=True) >= top_p)).all()):
+        # The candidates' mass, summed as the top-p cut below sums it (a cumulative sum, in rank order).
+        mass = (values - log_norm).exp().cumsum(dim=-1)[:, -1:]
+        if width == vocab or bool((by_k | (mass >= top_p)).all()):
             break  # every top-p row's mass is within the candidates
     rank = torch.arange(width, device=scaled.device).unsqueeze(0)
     k = torch.tensor([kk if kk > 0 else width for kk in top_k], device=scaled.device).unsqueeze(1)

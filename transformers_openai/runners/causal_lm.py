@@ -16,8 +16,8 @@ from transformers_openai.runners.slots import SlotTable
 SCORED_CHUNK_TOKENS = 512
 # Padding a batched prefill may add, as a share of its real tokens. On a CPU padding costs its arithmetic; on a
 # GPU a forward costs mostly its launch overhead, so fewer, more padded forwards win.
-MAX_PADDING = {"cpu": 0.25}
-MAX_PADDING_ELSEWHERE = 1.0
+CPU_MAX_PADDING = 0.25
+GPU_MAX_PADDING = 1.0
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -37,7 +37,7 @@ class CausalLMRunner(OneByOnePrefill):
         self.max_rows = max_rows
         self.max_model_len = max_model_len
         self.device = model.device
-        self.max_padding = MAX_PADDING.get(self.device.type, MAX_PADDING_ELSEWHERE)
+        self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self._cache = BatchKVCache(layers, max_rows, max_model_len)
         self._slots = SlotTable(max_rows)
@@ -65,14 +65,14 @@ class CausalLMRunner(OneByOnePrefill):
             members = [prompts[g] for g in group]
             try:
                 filled.extend(zip(members, *self._prefill_together(members), strict=True))
-            except Exception:  # noqa: BLE001 - one prompt may be at fault: each of them alone, failing alone
+            except Exception:  # one prompt may be at fault: each of them alone, failing alone
                 alone.extend(i for prompt in members for i in same[prompt])
         # The longest first: a row longer than the batch shifts every row once, not once per newcomer.
         for prompt, layers, logits in sorted(filled, key=lambda f: -len(f[0])):
             for i in same[prompt]:
                 try:
                     pos = self._cache.insert(layers)
-                except Exception as exc:  # noqa: BLE001 - that job's failure only
+                except Exception as exc:  # that job's failure only
                     outcomes[i] = exc
                     continue
                 jobs[i][0].done = len(prompt)
@@ -80,7 +80,7 @@ class CausalLMRunner(OneByOnePrefill):
         for i in alone:
             try:
                 outcomes[i] = self.prefill(*jobs[i])
-            except Exception as exc:  # noqa: BLE001 - that job's failure only
+            except Exception as exc:  # that job's failure only
                 outcomes[i] = exc
         return outcomes
 
