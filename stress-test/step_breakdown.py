@@ -38,8 +38,18 @@ class _Steps:
         return None
 
 
+# What `--json-rows` rows must follow: a string long enough to last the whole run.
+STORY_SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+
+
 def breakdown(
-    model: Any, tokenizer: Any, batch: int, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0
+    model: Any,
+    tokenizer: Any,
+    batch: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    json_rows: int = 0,
 ) -> dict[str, float]:
     """Mean milliseconds per phase over the steps that decode all `batch` rows."""
     from transformers_openai.engine.core import EngineCore
@@ -55,8 +65,14 @@ def breakdown(
     messages = [{"role": "user", "content": PROMPT}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True)
+    constraints: list[Any] = []
+    if json_rows:
+        from transformers_openai.serving.structured_output import StructuredOutputs
+
+        constraints = StructuredOutputs(tokenizer).constraints(STORY_SCHEMA, min(json_rows, batch), "json")
     for i in range(batch):
-        core.add(EngineRequest(f"r{i}", list(ids), params))
+        constraint = constraints[i] if i < len(constraints) else None
+        core.add(EngineRequest(f"r{i}", list(ids), params, constraint=constraint))
     while core.has_work():
         core.step()
     full = [s.phase_s for s in steps.steps if s.batch_size == batch][1:]  # the first may include its prefill
@@ -74,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
+    parser.add_argument("--json-rows", type=int, default=0, help="rows bound to a JSON schema (structured output)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     model = model.to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+    sampling += f", {args.json_rows} rows bound to a JSON schema" if args.json_rows else ""
     print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each, "
           f"{sampling}")
     print("| batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
-        ms = breakdown(model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p)
+        ms = breakdown(model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p, args.json_rows)
         rate = batch / ms["total"] * 1e3
         cells = " | ".join(f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total"))
         print(f"| {batch} | {cells} | {rate:.0f} |")

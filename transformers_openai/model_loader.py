@@ -30,6 +30,7 @@ from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
+from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
@@ -147,6 +148,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         capabilities=spec.capabilities,
         speech=speech,
         encoder_decoder=spec.text_encoder,
+        structured=StructuredOutputs(tokenizer) if Capability.TEXT in spec.capabilities else None,
     )
 
 

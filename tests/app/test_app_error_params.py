@@ -30,7 +30,7 @@ async def test_empty_body_gets_a_readable_message(client: httpx.AsyncClient) -> 
     ("path", "body", "param"),
     [
         (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (CHAT, chat_body(response_format={"type": "json_object"}), "response_format"),
+        (CHAT, chat_body(response_format={"type": "json_schema"}), "response_format"),
         (COMPLETIONS, completion_body(suffix="The end."), "suffix"),
         (COMPLETIONS, completion_body(best_of=3, n=1), "best_of"),
     ],

@@ -249,3 +249,42 @@ def test_penalties_follow_the_tokens_as_they_come() -> None:
         Sampler._adjust(adjusted, [r], [0])
         torch.testing.assert_close(adjusted[0], expected)
         output.append(token)
+
+
+class OnlyTokens:
+    """A constraint that allows a fixed set of tokens and records what it was given."""
+
+    def __init__(self, allowed: set[int]) -> None:
+        self.allowed = allowed
+        self.seen: list[int] = []
+
+    def mask(self, logits: torch.Tensor) -> None:
+        keep = torch.full_like(logits, float("-inf"))
+        keep[list(self.allowed)] = 0.0
+        logits += keep
+
+    def advance(self, token_id: int) -> None:
+        assert token_id in self.allowed
+        self.seen.append(token_id)
+
+    def is_done(self) -> bool:
+        return False
+
+
+def test_constrained_rows_draw_allowed_tokens_and_free_rows_are_untouched() -> None:
+    logits = logits_for(4, seed=11)
+    original = logits.clone()
+    free_greedy, free_sampled = row(temperature=0.0, logprobs=2), row(seed=3, temperature=1.0)
+    alone = Sampler()(original.clone()[1:2], [free_sampled]).token_ids[0]
+    constrained = [row(temperature=0.0, logprobs=0), row(seed=4, temperature=1.5)]
+    constrained[0].constraint, constrained[1].constraint = OnlyTokens({3, 4}), OnlyTokens({7})  # type: ignore[assignment]
+    result = Sampler()(logits, [free_greedy, row(seed=3, temperature=1.0), *constrained])
+    assert torch.equal(logits, original)  # the model's logits are not touched (a retry starts from them)
+    assert result.token_ids[0] == int(original[0].argmax())
+    assert result.token_ids[1] == alone
+    assert result.token_ids[2] == (3 if original[2, 3] > original[2, 4] else 4)
+    assert result.token_ids[3] == 7
+    # The reported logprobs are those of the constrained distribution: all mass on the allowed tokens.
+    chosen, _ = result.logprobs[2]
+    allowed = torch.log_softmax(original[2, [3, 4]], dim=-1)
+    assert chosen == pytest.approx(float(allowed.max()), abs=1e-5)

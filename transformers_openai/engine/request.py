@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from transformers_openai.engine.sampling_params import SamplingParams
 
@@ -23,6 +25,22 @@ class ErrorKind(str, enum.Enum):
     INTERNAL = "internal"  # a fault of the engine
     SHUTDOWN = "shutdown"  # the server is going down
     STALLED = "stalled"  # its consumer stopped taking the outputs
+
+
+class TokenConstraint(Protocol):
+    """A rule on which tokens may come next (a grammar), advanced by every token the request samples."""
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Sets the logits `[vocab]` of the tokens that may not come next to -inf, in place (idempotent)."""
+        ...
+
+    def advance(self, token_id: int) -> None:
+        """Records the sampled token; raises if the rule did not allow it."""
+        ...
+
+    def is_done(self) -> bool:
+        """Whether the rule is complete and allows nothing more (the request ends)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -45,6 +63,7 @@ class EngineRequest:
     params: SamplingParams
     encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
+    constraint: TokenConstraint | None = None  # which tokens may come next (structured output); this request's own
 
     @property
     def prompt_tokens(self) -> int:

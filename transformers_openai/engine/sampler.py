@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from transformers_openai.engine.request import TokenConstraint
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.runners.base import LogitsProcessor
 
@@ -26,6 +27,7 @@ class SamplerRow:
     output_ids: list[int]
     stop_token_ids: frozenset[int]
     state: RowState | None = None  # built at the row's first step
+    constraint: TokenConstraint | None = None  # which tokens may come next (structured output)
 
 
 class RowState:
@@ -84,14 +86,18 @@ class Sampler:
         self._processors = tuple(processors)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SampleResult:
-        # The processors rule in place: on a copy, so that a retry of some rows starts from the model's logits.
-        logits = logits.to(torch.float32, copy=bool(self._processors))
+        constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
+        adjusted = [i for i, row in enumerate(rows) if _adjusts(row)]
+        # What follows works in place: on a copy, so that a retry of some rows starts from the model's logits.
+        logits = logits.to(torch.float32, copy=bool(self._processors or constrained or adjusted))
         for processor in self._processors:
             processor(logits, rows)
+        for i in constrained:  # a request's own grammar, like the model kind's rules, before logprobs
+            constraint = rows[i].constraint
+            if constraint is not None:
+                constraint.mask(logits[i])
         raw_logprobs = self._raw_logprobs(logits, rows)
-        adjusted = [i for i, row in enumerate(rows) if _adjusts(row)]
-        if adjusted:  # on a copy (unless the processors made one): a retry of some rows starts from the model's
-            logits = logits if self._processors else logits.clone()
+        if adjusted:
             self._adjust(logits, rows, adjusted)
         chosen = self._draw(logits, rows)
         token_ids = chosen.tolist()

@@ -45,6 +45,7 @@ class Sequence:
             prompt_ids=decoder_prompt,
             output_ids=self.output_ids,
             stop_token_ids=stop_token_ids,
+            constraint=request.constraint,
         )
         self._eos = frozenset() if params.ignore_eos else stop_token_ids
         self._max_tokens = min(params.max_tokens, max_total_len)
@@ -75,9 +76,12 @@ class Sequence:
         self.last_gap_s = None if self.last_token_at is None else now - self.last_token_at
         self.last_token_at = now
         self.output_ids.append(token_id)
+        constraint = self.request.constraint
+        if constraint is not None:
+            constraint.advance(token_id)
         is_eos = token_id in self._eos  # the sampler keeps these out until min_tokens is reached
         text = "" if is_eos else self._stop.push(self._detokenizer.push(token_id))
-        if is_eos or self._stop.stopped:
+        if is_eos or self._stop.stopped or (constraint is not None and constraint.is_done()):
             self.finish_reason = FinishReason.STOP
         elif len(self.output_ids) >= self._max_tokens:
             self.finish_reason = FinishReason.LENGTH

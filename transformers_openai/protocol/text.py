@@ -60,6 +60,34 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the answer must validate against (always enforced)."""
+
+    name: Text = Field(min_length=1, max_length=64)
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'json_schema' is required when the type is 'json_schema'")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow; None for plain text."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_ if self.json_schema.schema_ is not None else {}
+        return None
+
+
 class _Tolerant(BaseModel):
     """Inside messages and content parts, keys a client adds (`cache_control`, `provider_specific_fields`, ...)
     are ignored with a warning: unknown top-level fields still get their 400."""
@@ -247,7 +275,6 @@ _NOT_SUPPORTED: dict[str, str] = {
     "tool_choice": "this server does not do tool calling yet",
     "functions": "this server does not do function calling yet",
     "function_call": "this server does not do function calling yet",
-    "response_format": 'only {"type": "text"} is supported',
     "audio": "audio output is not supported",
     "modalities": "only ['text'] is supported",
     "prediction": "predicted outputs are not supported",
@@ -258,7 +285,6 @@ _NOT_SUPPORTED: dict[str, str] = {
 # Values of the unsupported fields that ask for nothing beyond plain text generation.
 _HARMLESS: dict[str, list[Any]] = {
     "tool_choice": ["none"],
-    "response_format": [{"type": "text"}],
     "modalities": [["text"]],
 }
 
@@ -282,7 +308,7 @@ class ChatCompletionRequest(_SamplingRequest):
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -290,7 +316,7 @@ class ChatCompletionRequest(_SamplingRequest):
     web_search_options: Any = None
 
     _unsupported = field_validator(
-        "tools", "tool_choice", "functions", "function_call", "response_format", "audio", "modalities",
+        "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
         "prediction", "web_search_options",
     )(_reject_unsupported)
 

@@ -8,11 +8,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput, TokenLogprob
+from transformers_openai.engine.request import (
+    EngineRequest,
+    ErrorKind,
+    FinishReason,
+    RequestOutput,
+    TokenConstraint,
+    TokenLogprob,
+)
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from transformers_openai.serving.context import ServingContext
@@ -81,6 +88,10 @@ class GenerationHandler(Generic[RequestT]):
     def usage_chunk(self, request_id: str, request: RequestT, usage: Usage) -> BaseModel:
         raise NotImplementedError
 
+    def answer_schema(self, request: RequestT) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow (structured outputs), if the request sets one."""
+        return None
+
     # -- the shared flow
     async def create(
         self, request: RequestT, wait_disconnect: WaitDisconnect, request_id: str | None = None
@@ -97,7 +108,8 @@ class GenerationHandler(Generic[RequestT]):
         base_id = request_id or uuid.uuid4().hex
         created = int(time.time())
         prompts = await self.prompts(request)
-        choices, engine_requests = self._fan_out(base_id, request, prompts)
+        constraints = await self._constraints(request, len(prompts) * request.n)
+        choices, engine_requests = self._fan_out(base_id, request, prompts, constraints)
         request_id = self.request_id_prefix + base_id
         streams = self.ctx.engine.submit(engine_requests)
         merged = self._merge([r.request_id for r in engine_requests], streams)
@@ -105,8 +117,17 @@ class GenerationHandler(Generic[RequestT]):
             return self._stream(request_id, request, choices, merged, created)
         return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect, created)
 
+    async def _constraints(self, request: RequestT, count: int) -> list[TokenConstraint] | None:
+        """One grammar constraint per choice when the answer must follow a schema, built in a worker thread."""
+        schema = self.answer_schema(request)
+        if schema is None:
+            return None
+        if self.ctx.structured is None:
+            raise BadRequestError("structured outputs are not available for this model", param="response_format")
+        return list(await asyncio.to_thread(self.ctx.structured.constraints, schema, count, "response_format"))
+
     def _fan_out(
-        self, base_id: str, request: RequestT, prompts: list[Prompt]
+        self, base_id: str, request: RequestT, prompts: list[Prompt], constraints: list[TokenConstraint] | None = None
     ) -> tuple[list[Choice], list[EngineRequest]]:
         choices: list[Choice] = []
         engine_requests: list[EngineRequest] = []
@@ -119,14 +140,18 @@ class GenerationHandler(Generic[RequestT]):
                 seed = None if params.seed is None else params.seed + i
                 choice_params = params if seed == params.seed else replace(params, seed=seed)
                 choices.append(Choice(index=index, prompt=prompt))
-                engine_requests.append(self._engine_request(f"{base_id}-{index}", prompt, choice_params))
+                constraint = constraints[index] if constraints else None
+                engine_requests.append(self._engine_request(f"{base_id}-{index}", prompt, choice_params, constraint))
         return choices, engine_requests
 
-    def _engine_request(self, engine_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
+    def _engine_request(
+        self, engine_id: str, prompt: Prompt, params: SamplingParams, constraint: TokenConstraint | None = None
+    ) -> EngineRequest:
         """An encoder-decoder model reads the prompt with its encoder; a decoder-only model continues it."""
         if self.ctx.encoder_decoder:
-            return EngineRequest(engine_id, [], params, encoder_inputs={"input_ids": prompt.token_ids})
-        return EngineRequest(engine_id, prompt.token_ids, params)
+            inputs = {"input_ids": prompt.token_ids}
+            return EngineRequest(engine_id, [], params, encoder_inputs=inputs, constraint=constraint)
+        return EngineRequest(engine_id, prompt.token_ids, params, constraint=constraint)
 
     def _max_tokens(self, request: RequestT, prompt_len: int) -> int:
         limit = self.ctx.max_model_len

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from transformers_openai.engine.request import RequestOutput, TokenLogprob
@@ -38,6 +40,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
             # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
             return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
         return [Prompt(await tokenizer.encode_chat(messages))]
+
+    def answer_schema(self, request: ChatCompletionRequest) -> dict[str, Any] | None:
+        return request.response_format.answer_schema() if request.response_format else None
 
     def response(
         self, request_id: str, request: ChatCompletionRequest, choices: list[Choice], usage: Usage

@@ -1,0 +1,107 @@
+"""response_format through the real server and the openai client: answers that validate, batched with free ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.e2e.conftest import async_client, sync_client
+from tests.e2e.server import ServerProcess
+from tests.schemas import SCHEMAS
+
+QUESTIONS = [
+    "Describe a person.", "Pick a color.", "Tag this article about gardening.", "Is water wet?",
+    "Score this student.", "Make a small order.", "How urgent is this?", "Give me some numbers.",
+    "What is the capital of France?", "Forecast the weather in Paris.",
+]
+FREE = ["Tell me a joke.", "Write a haiku about autumn leaves.", "What is a hash table?"]
+
+
+def json_format(schema: dict, name: str = "answer") -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@pytest.mark.slow
+def test_fifty_schema_bound_answers_validate_and_free_answers_are_unchanged(smollm2_server: ServerProcess) -> None:
+    client = async_client(smollm2_server)
+
+    async def free(prompt: str) -> str | None:
+        messages = [{"role": "user", "content": prompt}]
+        response = await client.chat.completions.create(
+            model="test-model", messages=messages, max_tokens=40, temperature=0
+        )
+        return response.choices[0].message.content
+
+    async def constrained(i: int) -> tuple[dict, str | None, str | None]:
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + " Answer in JSON."}]
+        response = await client.chat.completions.create(
+            model="test-model", messages=messages, max_tokens=400, temperature=0.8, seed=i,
+            response_format=json_format(schema),  # type: ignore[arg-type]
+        )
+        choice = response.choices[0]
+        return schema, choice.message.content, choice.finish_reason
+
+    async def everything() -> tuple[list, list, list]:
+        alone = [await free(prompt) for prompt in FREE]
+        room = asyncio.Semaphore(40)  # within the server's 16 running + 32 queued
+
+        async def limited(coro):  # type: ignore[no-untyped-def]
+            async with room:
+                return await coro
+
+        # The free requests go in first, so they decode beside grammar-bound rows all the way.
+        mixed = await asyncio.gather(*(limited(free(p)) for p in FREE), *(limited(constrained(i)) for i in range(50)))
+        return alone, list(mixed[len(FREE) :]), list(mixed[: len(FREE)])
+
+    alone, answers, busy = asyncio.run(everything())
+    for schema, content, finish_reason in answers:
+        assert finish_reason == "stop", content
+        jsonschema.validate(json.loads(content or ""), schema)
+    assert len({content for _, content, _ in answers}) > 10  # real, varied answers
+    assert busy == alone  # the free requests' greedy answers are the same in a batch full of grammars
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=30)
+    temperature_c: int = Field(ge=-50, le=60)
+    sunny: bool
+
+
+@pytest.mark.slow
+def test_parse_with_a_pydantic_model_and_a_streamed_answer(smollm2_server: ServerProcess) -> None:
+    client = sync_client(smollm2_server)
+    messages = [{"role": "user", "content": "What is the weather in Rome today?"}]
+    parsed = client.chat.completions.parse(
+        model="test-model", messages=messages, response_format=Weather, max_tokens=200, temperature=0
+    )
+    weather = parsed.choices[0].message.parsed
+    assert isinstance(weather, Weather) and weather.city
+    stream = client.chat.completions.create(
+        model="test-model", messages=messages, max_tokens=200, temperature=0, stream=True,
+        response_format=json_format(Weather.model_json_schema(), "weather"),  # type: ignore[arg-type]
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert Weather.model_validate_json(text) == weather
+
+
+def test_a_schema_that_cannot_be_used_is_a_400(tiny_server: ServerProcess) -> None:
+    client = sync_client(tiny_server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            response_format=json_format({"type": "nonsense"}),  # type: ignore[arg-type]
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == "response_format" and "nonsense" in error["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            response_format={"type": "json_schema"},  # type: ignore[typeddict-item]
+        )
+    assert "json_schema" in str(caught.value)

@@ -1,0 +1,102 @@
+"""Structured outputs: `response_format` JSON schemas enforced token by token with llguidance.
+
+Each request gets its own matcher, a `TokenConstraint` for the engine: before every draw it masks the tokens the
+grammar does not allow next, and every sampled token advances it. Grammars are compiled and checked off the event
+loop and off the engine thread, once per distinct schema (cached); a schema llguidance cannot take is a 400.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from transformers_openai.serving.errors import BadRequestError
+
+# Distinct schemas whose compiled grammar is kept.
+GRAMMAR_CACHE_SIZE = 256
+
+
+class GrammarConstraint:
+    """One request's grammar state: masks the logits of the tokens it does not allow next, advances per token."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        import llguidance.torch
+
+        self._matcher = matcher
+        self._vocab = vocab_size
+        self._lt = llguidance.torch
+        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        self._lt.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        row = logits[: self._vocab].unsqueeze(0)
+        self._lt.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
+        logits[self._vocab :] = float("-inf")  # the model's padding beyond the tokenizer's vocabulary
+
+    def advance(self, token_id: int) -> None:
+        if not self._matcher.consume_token(token_id):
+            raise ValueError(f"the grammar did not allow token {token_id}: {self._matcher.get_error()}")
+
+    def is_done(self) -> bool:
+        return bool(self._matcher.is_stopped())
+
+
+class StructuredOutputs:
+    """Builds the per-request constraints of one served model; call `constraints` from a worker thread."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._hf_tokenizer = copy.deepcopy(tokenizer)  # read only here, never beside the encoding threads' copy
+        self._tokenizer: Any = None  # llguidance's view of it, made at the first structured request
+        self._grammars: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
+        """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""
+        from llguidance import LLMatcher
+
+        tokenizer = self._llg_tokenizer(param)
+        grammar = self._grammar(schema, tokenizer, param)
+        return [GrammarConstraint(LLMatcher(tokenizer, grammar), tokenizer.vocab_size) for _ in range(count)]
+
+    def _llg_tokenizer(self, param: str) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance.hf
+
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer)
+                except Exception as exc:  # e.g. a slow (Python) tokenizer
+                    message = f"structured outputs are not available for this model's tokenizer: {exc}"
+                    raise BadRequestError(message, param=param) from exc
+            return self._tokenizer
+
+    def _grammar(self, schema: dict[str, Any], tokenizer: Any, param: str) -> str:
+        from llguidance import LLMatcher
+
+        key = json.dumps(schema, sort_keys=True)
+        with self._lock:
+            cached = self._grammars.get(key)
+            if cached is not None:
+                self._grammars.move_to_end(key)
+                return cached
+        try:
+            # Compact JSON (no free whitespace): a small model cannot wander off in blank lines; a schema may still
+            # ask for flexible whitespace with its own "x-guidance".
+            grammar: str = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+            error = LLMatcher.validate_grammar(grammar, tokenizer)
+        except Exception as exc:  # llguidance refuses what it cannot read
+            error = str(exc) or type(exc).__name__
+        if error:
+            raise BadRequestError(f"the JSON schema cannot be used: {error}", param=param)
+        with self._lock:
+            self._grammars[key] = grammar
+            while len(self._grammars) > GRAMMAR_CACHE_SIZE:
+                self._grammars.popitem(last=False)
+        return grammar
+
+
