@@ -288,3 +288,13 @@ def test_constrained_rows_draw_allowed_tokens_and_free_rows_are_untouched() -> N
     chosen, _ = result.logprobs[2]
     allowed = torch.log_softmax(original[2, [3, 4]], dim=-1)
     assert chosen == pytest.approx(float(allowed.max()), abs=1e-5)
+
+
+def test_a_grammar_may_end_the_answer_before_min_tokens() -> None:
+    """When the grammar allows only the stop token, min_tokens does not forbid it (that would leave no token)."""
+    logits = logits_for(1, seed=12)
+    r = row(temperature=0.0, min_tokens=50, stop=frozenset({2}))
+    r.constraint = OnlyTokens({2})  # type: ignore[assignment]
+    assert Sampler()(logits, [r]).token_ids == [2]
+    free = row(temperature=0.0, min_tokens=50, stop=frozenset({int(logits[0].argmax())}))
+    assert Sampler()(logits, [free]).token_ids != [int(logits[0].argmax())]  # without a grammar it still holds

@@ -132,7 +132,7 @@ class Sampler:
             state = row.state
             if state.bias_ids.numel():
                 logits[i].index_add_(0, state.bias_ids, state.bias_values.to(logits.dtype))
-            if len(row.output_ids) < params.min_tokens and state.stop_ids.numel():
+            if _holds_back_stops(row) and state.stop_ids.numel():
                 logits[i, state.stop_ids] = float("-inf")
             if params.has_penalties:
                 state.catch_up(row.output_ids, vocab)
@@ -169,9 +169,12 @@ class Sampler:
 
 def _adjusts(row: SamplerRow) -> bool:
     params = row.params
-    return bool(params.logit_bias) or params.has_penalties or (
-        len(row.output_ids) < params.min_tokens and bool(row.stop_token_ids)
-    )
+    return bool(params.logit_bias) or params.has_penalties or (_holds_back_stops(row) and bool(row.stop_token_ids))
+
+
+def _holds_back_stops(row: SamplerRow) -> bool:
+    """min_tokens keeps the stop tokens out, unless a grammar rules the row: a finished answer must end."""
+    return len(row.output_ids) < row.params.min_tokens and row.constraint is None
 
 
 def _pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
