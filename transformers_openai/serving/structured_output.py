@@ -13,7 +13,10 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import llguidance.hf
+import llguidance.torch
 import torch
+from llguidance import LLMatcher
 
 from transformers_openai.serving.errors import BadRequestError
 
@@ -24,18 +27,15 @@ GRAMMAR_CACHE_SIZE = 256
 class GrammarConstraint:
     """One request's grammar state: masks the logits of the tokens it does not allow next, advances per token."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
-        import llguidance.torch
-
+    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
-        self._lt = llguidance.torch
         self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
 
     def mask(self, logits: torch.Tensor) -> None:
-        self._lt.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
         row = logits[: self._vocab].unsqueeze(0)
-        self._lt.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
+        llguidance.torch.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
         logits[self._vocab :] = float("-inf")  # the model's padding beyond the tokenizer's vocabulary
 
     def advance(self, token_id: int) -> None:
@@ -57,8 +57,6 @@ class StructuredOutputs:
 
     def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""
-        from llguidance import LLMatcher
-
         tokenizer = self._llg_tokenizer(param)
         grammar = self._grammar(schema, tokenizer, param)
         return [GrammarConstraint(LLMatcher(tokenizer, grammar), tokenizer.vocab_size) for _ in range(count)]
@@ -66,8 +64,6 @@ class StructuredOutputs:
     def _llg_tokenizer(self, param: str) -> Any:
         with self._lock:
             if self._tokenizer is None:
-                import llguidance.hf
-
                 try:
                     self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer)
                 except Exception as exc:  # e.g. a slow (Python) tokenizer
@@ -76,8 +72,6 @@ class StructuredOutputs:
             return self._tokenizer
 
     def _grammar(self, schema: dict[str, Any], tokenizer: Any, param: str) -> str:
-        from llguidance import LLMatcher
-
         key = json.dumps(schema, sort_keys=True)
         with self._lock:
             cached = self._grammars.get(key)
