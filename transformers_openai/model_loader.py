@@ -32,6 +32,7 @@ from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.tool_formats import FORMATS, detect_format
 from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
 
@@ -134,10 +135,16 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
     core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer)
     template = settings.chat_template.read_text() if settings.chat_template else None
+    tokenizer_service = TokenizerService(tokenizer, template)
+    tool_format = (
+        detect_format(tokenizer_service.template_source(with_tools=True))
+        if settings.tool_call_parser == "auto"
+        else FORMATS[settings.tool_call_parser]
+    )
     speech = _speech_model(settings, model, tokenizer, observer) if Capability.SPEECH in spec.capabilities else None
     return ServingContext(
         engine=AsyncEngine(core),
-        tokenizer=TokenizerService(tokenizer, template),
+        tokenizer=tokenizer_service,
         model_name=settings.model_name,
         model_aliases=frozenset({settings.model_name, settings.model}),
         max_model_len=max_len,
@@ -149,6 +156,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         speech=speech,
         encoder_decoder=spec.text_encoder,
         structured=StructuredOutputs(tokenizer) if Capability.TEXT in spec.capabilities else None,
+        tool_format=tool_format,
     )
 
 

@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         None, ge=8, description="Context length (prompt + completion); defaults to the model's own limit."
     )
     chat_template: Path | None = Field(None, description="Jinja file overriding the tokenizer's chat template.")
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto",
+        description="How the model writes tool calls; auto reads it from the chat template (<tool_call>: hermes, "
+        "[TOOL_CALLS]: mistral, <|python_tag|>: llama3_json), hermes when the template does not say.",
+    )
     response_role: str = Field("assistant", description="Role of the generated chat message.")
     default_max_tokens: int | None = Field(
         None,

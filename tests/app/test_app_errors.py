@@ -26,10 +26,10 @@ CASES: list[tuple[str, dict[str, Any], int, str | None, str | None]] = [
     (CHAT, chat_body(n=100), 400, "n", None),
     (CHAT, chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
     (CHAT, chat_body(messages=[]), 400, "messages", None),
-    (CHAT, chat_body(messages=[{"role": "tool", "content": "x"}]), 400, "messages.0.role", None),
+    (CHAT, chat_body(messages=[{"role": "function", "content": "x"}]), 400, "messages.0.role", None),
     (CHAT, chat_body(messages=[{"role": "foo", "content": "x"}]), 400, "messages.0.role", None),
     (CHAT, chat_body(messages=IMAGE), 400, "messages.0.content", None),
-    (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, None, None),
+    (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),  # no template
     (CHAT, chat_body(response_format={"type": "xml"}), 400, "response_format.type", None),
     (CHAT, chat_body(response_format={"type": "json_object"}), 400, "response_format", None),  # no grammar support
     (CHAT, chat_body(model="gpt-4o"), 404, "model", "model_not_found"),
@@ -71,8 +71,8 @@ async def test_rejected(client: httpx.AsyncClient, fake: FakeEngine, case: tuple
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (chat_body(tool_choice="auto"), "tool_choice"),
+        (chat_body(functions=[{"name": "f"}]), "functions"),
+        (chat_body(function_call="auto"), "function_call"),
     ],
 )
 async def test_unsupported_fields_are_named(client: httpx.AsyncClient, body: dict[str, Any], named: str) -> None:

@@ -51,13 +51,12 @@ async def test_a_text_part_with_an_extra_key_is_taken(client: httpx.AsyncClient,
     assert response.status_code == 200, response.text
 
 
-async def test_tool_calls_in_the_history_get_a_clear_400(client: httpx.AsyncClient) -> None:
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    assistant = {"role": "assistant", "content": None, "tool_calls": [call]}
+async def test_legacy_function_calls_in_the_history_get_a_clear_400(client: httpx.AsyncClient) -> None:
+    assistant = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
     response = await client.post(CHAT, json={"model": MODEL, "messages": history(assistant)})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "messages.1.tool_calls" and "tool calling" in error["message"]
+    assert error["param"] == "messages.1.function_call" and "tool_calls" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ from openai import AsyncOpenAI, OpenAI
 from tests.e2e.server import ServerProcess, start_server
 from tests.model_factory import build_tiny_t5, cache_root
 
+TOOL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"
+
 
 @pytest.fixture(scope="session")
 def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -56,7 +58,10 @@ def served(request: pytest.FixtureRequest) -> Served:
 
 @pytest.fixture(scope="session")
 def smollm2_server(smollm2_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    server = start_server(smollm2_dir, server_logs, "--max-batch-size", "16", "--max-queue", "32")
+    """SmolLM2 with the repo's tool template (rendering as the model's own when a request has no tools)."""
+    server = start_server(
+        smollm2_dir, server_logs, "--max-batch-size", "16", "--max-queue", "32", "--chat-template", str(TOOL_TEMPLATE)
+    )
     yield server
     server.stop()
 

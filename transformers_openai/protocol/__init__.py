@@ -1,5 +1,6 @@
 """The OpenAI wire protocol, one module per endpoint family: common (errors, models), text, audio."""
 
+from transformers_openai.protocol.base import Strict, Text, Tolerant
 from transformers_openai.protocol.common import ErrorBody, ErrorResponse, ModelCard, ModelList
 from transformers_openai.protocol.text import (
     GREEDY_TEMPERATURE,
@@ -23,12 +24,21 @@ from transformers_openai.protocol.text import (
     PromptLogprobs,
     PromptTokenLogprob,
     StreamOptions,
-    Text,
     TextPart,
     TokenId,
     TokenIdKey,
     TopLogprob,
     Usage,
+)
+from transformers_openai.protocol.tools import (
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    FunctionDefinition,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolChoice,
 )
 
 __all__ = [
@@ -57,6 +67,16 @@ __all__ = [
     "PromptLogprobs",
     "PromptTokenLogprob",
     "StreamOptions",
+    "Strict",
+    "Tolerant",
+    "DeltaFunctionCall",
+    "DeltaToolCall",
+    "FunctionCall",
+    "FunctionDefinition",
+    "NamedToolChoice",
+    "Tool",
+    "ToolCall",
+    "ToolChoice",
     "Text",
     "TextPart",
     "TokenId",

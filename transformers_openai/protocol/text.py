@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     WithJsonSchema,
@@ -18,11 +15,17 @@ from pydantic import (
 )
 
 from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.protocol.base import Strict, Text, Tolerant
+from transformers_openai.protocol.tools import (
+    DeltaToolCall,
+    HistoryToolCall,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 # ---------------------------------------------------------------- requests
-
-
-logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 64
 # Longer logit_bias keys are beyond any vocabulary (and past a length, int() itself refuses them).
@@ -31,36 +34,18 @@ MAX_TOKEN_ID_DIGITS = 10
 GREEDY_TEMPERATURE = 1e-5
 
 
-def _valid_unicode(value: str) -> str:
-    """JSON escapes can carry lone UTF-16 surrogates, which no tokenizer (and no UTF-8 response) can take."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"contains invalid Unicode (a lone surrogate at position {exc.start})") from None
-    return value
-
-
-# Every string of a request: valid Unicode, never coerced from another type.
-Text = Annotated[str, AfterValidator(_valid_unicode)]
 # A logit_bias key: a token id in ASCII decimal (checked by `_bias_keys`, told to the OpenAPI document here).
 TokenIdKey = Annotated[Text, WithJsonSchema({"type": "string", "pattern": "^[0-9]+$"})]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 TokenId = Annotated[int, Field(ge=0)]  # at most the vocabulary, which the handler checks
 
 
-class _Strict(BaseModel):
-    # Unknown fields are answered with a 400 that names them, never dropped silently; like OpenAI, no
-    # coercion: "2", 2.0 or true are not integers, "yes" is not a boolean (JSON integers are valid floats).
-    # Python's json reads NaN and Infinity, which JSON does not have: no number field takes them.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     """`response_format.json_schema`: the schema the answer must validate against (always enforced)."""
 
     name: Text = Field(min_length=1, max_length=64)
@@ -69,7 +54,7 @@ class JsonSchemaFormat(_Strict):
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -88,42 +73,29 @@ class ResponseFormat(_Strict):
         return None
 
 
-class _Tolerant(BaseModel):
-    """Inside messages and content parts, keys a client adds (`cache_control`, `provider_specific_fields`, ...)
-    are ignored with a warning: unknown top-level fields still get their 400."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    @model_validator(mode="after")
-    def _ignore_extra_keys(self) -> Any:
-        if self.model_extra:
-            logger.warning("ignored unknown keys in a %s: %s", type(self).__name__, ", ".join(sorted(self.model_extra)))
-            self.model_extra.clear()
-        return self
-
-
-class TextPart(_Tolerant):
+class TextPart(Tolerant):
     type: Literal["text"]
     text: Text
 
 
-class ChatMessage(_Tolerant):
-    role: Literal["system", "developer", "user", "assistant"]
+class ChatMessage(Tolerant):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[HistoryToolCall] | None = None  # an assistant's calls
+    tool_call_id: Text | None = None  # which call a tool message answers
     # What clients echo back of an assistant reply (openai's message.model_dump(), LiteLLM): accepted in
     # history; none of it is shown to the model.
     refusal: Text | None = None
     annotations: list[Any] | None = None
     audio: Any = None
-    tool_calls: list[Any] | None = None
     function_call: Any = None
 
-    @field_validator("tool_calls", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_calls_yet(cls, value: Any, info: ValidationInfo) -> Any:
+    def _no_legacy_calls(cls, value: Any) -> Any:
         if value:
-            raise ValueError(f"'{info.field_name}' in the history is not supported: no tool calling here yet")
+            raise ValueError("'function_call' in the history is not supported: use 'tool_calls'")
         return value
 
     @field_validator("content", mode="before")
@@ -137,9 +109,13 @@ class ChatMessage(_Tolerant):
         return value
 
     @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
+    def _fields_of_the_role(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a '{self.role}' message needs 'content'")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an 'assistant' message can have 'tool_calls'")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a 'tool' message needs 'tool_call_id'")
         return self
 
     def text(self) -> str:
@@ -149,6 +125,25 @@ class ChatMessage(_Tolerant):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' convention for tool calls and results)."""
+        # OpenAI's "developer" role is the newer name of "system"; templates know the latter.
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments_value()},
+                }
+                for call in self.tool_calls
+            ]
+        if self.role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                message["name"] = self.name
+        return message
+
 
 # Fields OpenAI's API makes nullable: null means the default.
 _NULL_MEANS_DEFAULT = frozenset(
@@ -156,7 +151,7 @@ _NULL_MEANS_DEFAULT = frozenset(
 )
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(Strict):
     """Fields shared by chat and completions, including vLLM's extensions."""
 
     @model_validator(mode="before")
@@ -271,10 +266,8 @@ class _SamplingRequest(_Strict):
 
 
 _NOT_SUPPORTED: dict[str, str] = {
-    "tools": "this server does not do tool calling yet",
-    "tool_choice": "this server does not do tool calling yet",
-    "functions": "this server does not do function calling yet",
-    "function_call": "this server does not do function calling yet",
+    "functions": "the legacy function calling is not supported: use 'tools'",
+    "function_call": "the legacy function calling is not supported: use 'tool_choice'",
     "audio": "audio output is not supported",
     "modalities": "only ['text'] is supported",
     "prediction": "predicted outputs are not supported",
@@ -284,7 +277,7 @@ _NOT_SUPPORTED: dict[str, str] = {
 
 # Values of the unsupported fields that ask for nothing beyond plain text generation.
 _HARMLESS: dict[str, list[Any]] = {
-    "tool_choice": ["none"],
+    "function_call": ["none"],
     "modalities": [["text"]],
 }
 
@@ -302,13 +295,13 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    # Known OpenAI fields this server does not implement yet: a 400 naming them when used.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # Known OpenAI fields this server does not implement: a 400 naming them when used.
+    functions: list[Any] | None = None
+    function_call: Any = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -316,9 +309,39 @@ class ChatCompletionRequest(_SamplingRequest):
     web_search_options: Any = None
 
     _unsupported = field_validator(
-        "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
-        "prediction", "web_search_options",
+        "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"
     )(_reject_unsupported)
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tool_names(cls, value: list[Tool] | None) -> list[Tool] | None:
+        names = [tool.function.name for tool in value or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be distinct")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        names = {tool.function.name for tool in info.data.get("tools") or []}
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise ValueError(f"tool_choice names the function {value.function.name!r}, which is not among 'tools'")
+        if value == "required" and not names:
+            raise ValueError("tool_choice 'required' needs 'tools'")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _format_or_calls(cls, value: ResponseFormat | None, info: ValidationInfo) -> ResponseFormat | None:
+        choice = info.data.get("tool_choice")
+        forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        if forced and value is not None and value.answer_schema() is not None:
+            raise ValueError("a JSON response_format cannot be combined with a tool_choice that forces a call")
+        return value
+
+    def offered_tools(self) -> list[Tool]:
+        """The tools the model is shown: none when tool_choice is 'none'."""
+        return [] if self.tool_choice == "none" else list(self.tools or [])
 
     @field_validator("top_logprobs")
     @classmethod
@@ -423,6 +446,8 @@ PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 class AssistantMessage(BaseModel):
     role: str
     content: str | None
+    # Absent when the answer calls no tool, as OpenAI answers.
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda value: not value)
 
 
 class ChatChoice(BaseModel):
@@ -447,6 +472,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=lambda value: not value)
 
 
 class ChatChunkChoice(BaseModel):

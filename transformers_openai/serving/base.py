@@ -32,6 +32,7 @@ from transformers_openai.serving.errors import (
     ServiceUnavailableError,
     to_openai_error,
 )
+from transformers_openai.serving.tool_parser import ToolCallParser
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,17 @@ class Choice:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # when the prompt was scored
     finish_reason: str | None = None
     completion_tokens: int = 0
+    tool_parser: ToolCallParser | None = None  # a stream's tool calls, read as they come
+    called: bool = False  # the stream has sent a tool call
+
+
+@dataclass(frozen=True)
+class AnswerGrammar:
+    """What the answer must follow, token by token: a JSON schema or a Lark grammar."""
+
+    param: str  # the request field that asked for it, named in a 400
+    schema: dict[str, Any] | None = None
+    lark: str | None = None
 
 
 class GenerationHandler(Generic[RequestT]):
@@ -88,9 +100,12 @@ class GenerationHandler(Generic[RequestT]):
     def usage_chunk(self, request_id: str, request: RequestT, usage: Usage) -> BaseModel:
         raise NotImplementedError
 
-    def answer_schema(self, request: RequestT) -> dict[str, Any] | None:
-        """The JSON schema the answer must follow (structured outputs), if the request sets one."""
+    def answer_grammar(self, request: RequestT) -> AnswerGrammar | None:
+        """What the answer must follow (structured outputs, forced tool calls), if the request says."""
         return None
+
+    def sampling_params(self, request: RequestT, max_tokens: int) -> SamplingParams:
+        return request.to_sampling_params(max_tokens)
 
     # -- the shared flow
     async def create(
@@ -118,13 +133,17 @@ class GenerationHandler(Generic[RequestT]):
         return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect, created)
 
     async def _constraints(self, request: RequestT, count: int) -> list[TokenConstraint] | None:
-        """One grammar constraint per choice when the answer must follow a schema, built in a worker thread."""
-        schema = self.answer_schema(request)
-        if schema is None:
+        """One grammar constraint per choice when the answer must follow a grammar, built in a worker thread."""
+        grammar = self.answer_grammar(request)
+        if grammar is None:
             return None
-        if self.ctx.structured is None:
-            raise BadRequestError("structured outputs are not available for this model", param="response_format")
-        return list(await asyncio.to_thread(self.ctx.structured.constraints, schema, count, "response_format"))
+        structured = self.ctx.structured
+        if structured is None:
+            raise BadRequestError("structured outputs are not available for this model", param=grammar.param)
+        if grammar.lark is not None:
+            return list(await asyncio.to_thread(structured.lark_constraints, grammar.lark, count, grammar.param))
+        schema = grammar.schema or {}
+        return list(await asyncio.to_thread(structured.constraints, schema, count, grammar.param))
 
     def _fan_out(
         self, base_id: str, request: RequestT, prompts: list[Prompt], constraints: list[TokenConstraint] | None = None
@@ -133,7 +152,7 @@ class GenerationHandler(Generic[RequestT]):
         engine_requests: list[EngineRequest] = []
         for p, prompt in enumerate(prompts):
             max_tokens = self._max_tokens(request, len(prompt.token_ids))
-            params = request.to_sampling_params(max_tokens)
+            params = self.sampling_params(request, max_tokens)
             self._check_vocab(params, prompt.token_ids)
             for i in range(request.n):
                 index = p * request.n + i

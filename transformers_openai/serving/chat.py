@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from pydantic import BaseModel
 
 from transformers_openai.engine.request import RequestOutput, TokenLogprob
+from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -17,32 +18,46 @@ from transformers_openai.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     DeltaMessage,
+    DeltaToolCall,
     PromptLogprobs,
     TopLogprob,
     Usage,
 )
-from transformers_openai.serving.base import Choice, GenerationHandler, Prompt
+from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt
+from transformers_openai.serving.chat_tools import ChatTools, delta_parts, tool_calls
+from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.prompt_scores import prompt_logprobs
+from transformers_openai.serving.tool_parser import CallStarted, ToolCallParser, parse_answer
 
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     request_id_prefix = "chatcmpl-"
     endpoint = "chat_completions"
 
+    def __init__(self, ctx: ServingContext) -> None:
+        super().__init__(ctx)
+        self.tools = ChatTools(ctx.tokenizer, ctx.tool_format)
+
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
-        messages = [
-            # OpenAI's "developer" role is the newer name of "system"; templates know the latter.
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in request.messages
-        ]
+        messages = [m.for_template() for m in request.messages]
         tokenizer = self.ctx.tokenizer
-        if self.ctx.encoder_decoder and not tokenizer.has_chat_template:
+        if self.ctx.encoder_decoder and not tokenizer.has_chat_template and not request.offered_tools():
             # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
             return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
-        return [Prompt(await tokenizer.encode_chat(messages))]
+        return [Prompt(await tokenizer.encode_chat(messages, self.tools.template_tools(request)))]
 
-    def answer_schema(self, request: ChatCompletionRequest) -> dict[str, Any] | None:
-        return request.response_format.answer_schema() if request.response_format else None
+    def answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
+        forced = self.tools.forced_grammar(request)
+        if forced is not None:
+            return AnswerGrammar("tool_choice", lark=forced)
+        schema = request.response_format.answer_schema() if request.response_format else None
+        return AnswerGrammar("response_format", schema=schema) if schema is not None else None
+
+    def sampling_params(self, request: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+        params = request.to_sampling_params(max_tokens)
+        if request.offered_tools() and self.tools.keeps_markers():
+            params = replace(params, skip_special_tokens=False)
+        return params
 
     def response(
         self, request_id: str, request: ChatCompletionRequest, choices: list[Choice], usage: Usage
@@ -50,18 +65,20 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         return ChatCompletionResponse(
             id=request_id,
             model=request.model,
-            choices=[
-                ChatChoice(
-                    index=c.index,
-                    message=AssistantMessage(role=self.ctx.response_role, content=c.text),
-                    logprobs=self._logprobs(request, c.logprobs),
-                    finish_reason=c.finish_reason,
-                )
-                for c in choices
-            ],
+            choices=[self._choice(request, c) for c in choices],
             usage=usage,
             prompt_logprobs=self._prompt_logprobs(request, choices),
         )
+
+    def _choice(self, request: ChatCompletionRequest, choice: Choice) -> ChatChoice:
+        message = AssistantMessage(role=self.ctx.response_role, content=choice.text)
+        finish_reason = choice.finish_reason
+        if request.offered_tools():
+            parsed = parse_answer(self.tools.format, choice.text)
+            message.content, message.tool_calls = parsed.content, tool_calls(parsed)
+            finish_reason = _with_calls(finish_reason, bool(parsed.calls))
+        logprobs = self._logprobs(request, choice.logprobs)
+        return ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=finish_reason)
 
     def _prompt_logprobs(self, request: ChatCompletionRequest, choices: list[Choice]) -> PromptLogprobs | None:
         scored = choices[0].prompt_logprobs if choices else None
@@ -70,6 +87,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         return prompt_logprobs(scored, request.prompt_logprobs, self.ctx.tokenizer.token_text)
 
     def first_chunks(self, request_id: str, request: ChatCompletionRequest, choices: list[Choice]) -> list[BaseModel]:
+        if request.offered_tools():
+            for c in choices:
+                c.tool_parser = ToolCallParser(self.tools.format)
         return [
             ChatCompletionChunk(
                 id=request_id,
@@ -87,7 +107,15 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         output: RequestOutput,
         usage: Usage | None,
     ) -> BaseModel | None:
-        if not output.text and not output.finished and not (output.logprobs and request.logprobs):
+        content, calls = output.text, list[DeltaToolCall]()
+        finish_reason = output.finish_reason.value if output.finish_reason else None
+        parser = choice.tool_parser
+        if parser is not None:
+            events = parser.feed(output.text) + (parser.finish() if output.finished else [])
+            content, calls = delta_parts(events)
+            choice.called = choice.called or any(isinstance(event, CallStarted) for event in events)
+            finish_reason = _with_calls(finish_reason, choice.called)
+        if not content and not calls and not output.finished and not (output.logprobs and request.logprobs):
             return None
         return ChatCompletionChunk(
             id=request_id,
@@ -95,9 +123,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
             choices=[
                 ChatChunkChoice(
                     index=choice.index,
-                    delta=DeltaMessage(content=output.text or None),
+                    delta=DeltaMessage(content=content or None, tool_calls=calls or None),
                     logprobs=self._logprobs(request, output.logprobs or []),
-                    finish_reason=output.finish_reason.value if output.finish_reason else None,
+                    finish_reason=finish_reason,
                 )
             ],
             usage=usage,
@@ -123,3 +151,8 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     def _top(self, token_id: int, logprob: float) -> TopLogprob:
         text = self.ctx.tokenizer.token_text(token_id)
         return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+
+def _with_calls(finish_reason: str | None, called: bool) -> str | None:
+    """An answer that calls tools and ends of itself finishes with "tool_calls", as OpenAI's do."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.tool_formats import HERMES, ToolFormat
 from transformers_openai.serving.whisper_tokens import WhisperTokens
 
 
@@ -81,4 +82,5 @@ class ServingContext:
     speech: SpeechModel | None = None
     # The text prompt goes to an encoder (T5), not before the generated text: as the model kind declares it.
     encoder_decoder: bool = False
-    structured: StructuredOutputs | None = None  # response_format's schemas (text models)
+    structured: StructuredOutputs | None = None  # response_format's schemas and forced tool calls (text models)
+    tool_format: ToolFormat = HERMES  # how the model writes tool calls

@@ -11,6 +11,7 @@ import copy
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import llguidance.hf
@@ -57,8 +58,22 @@ class StructuredOutputs:
 
     def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""
+        # Compact JSON (no free whitespace): a small model cannot wander off in blank lines; a schema may still
+        # ask for flexible whitespace with its own "x-guidance".
+        return self._constraints(
+            json.dumps(schema, sort_keys=True),
+            lambda: LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}),
+            count,
+            param,
+        )
+
+    def lark_constraints(self, lark: str, count: int, param: str) -> list[GrammarConstraint]:
+        """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect, e.g. forced tool calls)."""
+        return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param)
+
+    def _constraints(self, key: str, build: Callable[[], str], count: int, param: str) -> list[GrammarConstraint]:
         tokenizer = self._llg_tokenizer(param)
-        grammar = self._grammar(schema, tokenizer, param)
+        grammar = self._grammar(key, build, tokenizer, param)
         return [GrammarConstraint(LLMatcher(tokenizer, grammar), tokenizer.vocab_size) for _ in range(count)]
 
     def _llg_tokenizer(self, param: str) -> Any:
@@ -71,17 +86,14 @@ class StructuredOutputs:
                     raise BadRequestError(message, param=param) from exc
             return self._tokenizer
 
-    def _grammar(self, schema: dict[str, Any], tokenizer: Any, param: str) -> str:
-        key = json.dumps(schema, sort_keys=True)
+    def _grammar(self, key: str, build: Callable[[], str], tokenizer: Any, param: str) -> str:
         with self._lock:
             cached = self._grammars.get(key)
             if cached is not None:
                 self._grammars.move_to_end(key)
                 return cached
         try:
-            # Compact JSON (no free whitespace): a small model cannot wander off in blank lines; a schema may still
-            # ask for flexible whitespace with its own "x-guidance".
-            grammar: str = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+            grammar = build()
             error = LLMatcher.validate_grammar(grammar, tokenizer)
         except Exception as exc:  # llguidance refuses what it cannot read
             error = str(exc) or type(exc).__name__
@@ -92,5 +104,3 @@ class StructuredOutputs:
             while len(self._grammars) > GRAMMAR_CACHE_SIZE:
                 self._grammars.popitem(last=False)
         return grammar
-
-

@@ -7,6 +7,9 @@ import copy
 import threading
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
 from transformers_openai.serving.errors import BadRequestError
 
 
@@ -32,14 +35,40 @@ class TokenizerService:
     def has_chat_template(self) -> bool:
         return bool(getattr(self._tokenizer, "chat_template", None))
 
-    async def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def template_source(self, with_tools: bool = False) -> str:
+        """The chat template's text (the one for tool use, where a model has several); empty when there is none."""
+        if not self.has_chat_template:
+            return ""
+        try:
+            return str(self._tokenizer.get_chat_template(tools=[{}] if with_tools else None))
+        except ValueError:  # several named templates and none is the default
+            return ""
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template shows the model the tools it is given."""
+        source = self.template_source(with_tools=True)
+        try:
+            return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(source))
+        except jinja2.TemplateError:  # tags of transformers' own (e.g. {% generation %}): read the text
+            return "tools" in source
+
+    def added_token(self, text: str) -> tuple[int, bool] | None:
+        """The id of the added token that is all of `text` (a marker), and whether it is special; None if none is."""
+        with self._lock:
+            for token_id, token in self._tokenizer.added_tokens_decoder.items():
+                if token.content == text:
+                    return int(token_id), bool(token.special)
+        return None
+
+    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         if not self.has_chat_template:
             raise BadRequestError(
                 "this model has no chat template; start the server with --chat-template FILE "
                 "or use /v1/completions",
                 param="messages",
             )
-        return await asyncio.to_thread(self._render_chat, messages)
+        return await asyncio.to_thread(self._render_chat, messages, tools)
 
     async def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await asyncio.to_thread(self._encode, text, add_special_tokens)
@@ -54,10 +83,12 @@ class TokenizerService:
             text = self._token_texts[token_id] = str(self._single.decode([token_id], skip_special_tokens=False))
         return text
 
-    def _render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         with self._lock:
             try:
-                text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                text = self._tokenizer.apply_chat_template(
+                    messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+                )
             except Exception as exc:  # template errors are the request's fault (e.g. role order)
                 raise BadRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
             return list(self._tokenizer.encode(text, add_special_tokens=False))
