@@ -27,3 +27,11 @@ def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: Serv
     third = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
     assert third.choices[0].finish_reason in ("length", "stop")
     assert third.usage is not None and third.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+    # LiteLLM hands back its own message shape: nulls for what did not happen, and a key of its own.
+    litellm_message = {
+        "role": "assistant", "content": third.choices[0].message.content, "tool_calls": None,
+        "function_call": None, "provider_specific_fields": {"refusal": None},
+    }
+    messages += [litellm_message, {"role": "user", "content": "Bye."}]
+    fourth = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    assert fourth.usage is not None and fourth.usage.prompt_tokens > third.usage.prompt_tokens
