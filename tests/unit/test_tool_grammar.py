@@ -72,7 +72,7 @@ def walk(
         if constraint.is_done():
             break
     assert constraint.is_done(), "the grammar never finished"
-    skip = not tools.keeps_markers()
+    skip = not tools.keeps_markers
     return str(tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id], skip_special_tokens=skip))
 
 
@@ -117,7 +117,7 @@ def test_markers_that_are_special_tokens_are_forced_as_those_tokens(tokenizer: A
     special = copy.deepcopy(tokenizer)
     special.add_tokens([AddedToken(m, special=True) for m in ("<tool_call>", "</tool_call>")], special_tokens=True)
     tools = ChatTools(TokenizerService(special), HERMES)
-    assert tools.keeps_markers()
+    assert tools.keeps_markers
     start_id = special.convert_tokens_to_ids("<tool_call>")
     assert f"<[{start_id}]>" in (tools.forced_grammar(request(tool_choice="required")) or "")
     structured = StructuredOutputs(special)

@@ -13,6 +13,7 @@ from transformers_openai.serving.tool_parser import (
     ArgumentsDelta,
     CallStarted,
     ContentDelta,
+    ObjectScanner,
     ParsedAnswer,
     ToolCallParser,
     gather,
@@ -47,6 +48,8 @@ CASES = [
     (HERMES, "<tool_call>\nnot JSON\n</tool_call> and after", "<tool_call>\nnot JSON\n</tool_call> and after", []),
     (HERMES, '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>', None, [("f", {"a": 1})]),
     (HERMES, '<tool_call>\n{"name": "f"}\n</tool_call>', None, [("f", {})]),
+    (HERMES, '<tool_call>\n{"name": "doc", "arguments": {"text": "ends with </tool_call>"}}\n</tool_call> Done.',
+     "Done.", [("doc", {"text": "ends with </tool_call>"})]),
     (LLAMA3_JSON, '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}', None,
      [("f", {"x": 1}), ("g", {})]),
     (LLAMA3_JSON, ' {"name": "f", "parameters": {"x": "a;b"}}', None, [("f", {"x": "a;b"})]),
@@ -94,3 +97,27 @@ def test_text_that_might_open_a_call_is_held_back_until_known() -> None:
 def test_an_answer_cut_inside_a_call_keeps_what_it_has() -> None:
     answer = whole(HERMES, '<tool_call>\n{"name": "f", "arguments": {"q": 1')
     assert answer.content is None and [(n, a) for _, n, a in answer.calls] == [("f", '{"q": 1')]
+
+
+def test_a_long_argument_streams_in_linear_time() -> None:
+    """Each piece is read once: a 20,000-character argument in 4-character pieces is not read 5,000 times."""
+    content = json.dumps({"path": "a.py", "content": "x = 1\n" * 3000})
+    text = '<tool_call>\n{"name": "write_file", "arguments": ' + content + "}\n</tool_call>"
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    reads = 0
+    original = ObjectScanner.scan
+
+    def counted(self: ObjectScanner, body: str) -> object:
+        nonlocal reads
+        before = self._next
+        result = original(self, body)
+        reads += self._next - before
+        return result
+
+    ObjectScanner.scan = counted  # type: ignore[method-assign]
+    try:
+        answer, _ = streamed(HERMES, pieces)
+    finally:
+        ObjectScanner.scan = original  # type: ignore[method-assign]
+    assert json.loads(answer.calls[0][2]) == json.loads(content)
+    assert reads <= len(text)

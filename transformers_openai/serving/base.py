@@ -59,7 +59,6 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     tool_parser: ToolCallParser | None = None  # a stream's tool calls, read as they come
-    called: bool = False  # the stream has sent a tool call
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHa
 from transformers_openai.serving.chat_tools import ChatTools, delta_parts, tool_calls
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.prompt_scores import prompt_logprobs
-from transformers_openai.serving.tool_parser import CallStarted, ToolCallParser, parse_answer
+from transformers_openai.serving.tool_parser import ToolCallParser, parse_answer
 
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):
@@ -55,7 +55,7 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
 
     def sampling_params(self, request: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
         params = request.to_sampling_params(max_tokens)
-        if request.offered_tools() and self.tools.keeps_markers():
+        if request.offered_tools() and self.tools.keeps_markers:
             params = replace(params, skip_special_tokens=False)
         return params
 
@@ -113,8 +113,7 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         if parser is not None:
             events = parser.feed(output.text) + (parser.finish() if output.finished else [])
             content, calls = delta_parts(events)
-            choice.called = choice.called or any(isinstance(event, CallStarted) for event in events)
-            finish_reason = _with_calls(finish_reason, choice.called)
+            finish_reason = _with_calls(finish_reason, parser.called)
         if not content and not calls and not output.finished and not (output.logprobs and request.logprobs):
             return None
         return ChatCompletionChunk(

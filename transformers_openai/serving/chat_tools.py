@@ -23,15 +23,22 @@ class ChatTools:
     """One served model's tool calling: its tokenizer's template and the format its calls are written in."""
 
     def __init__(self, tokenizer: TokenizerService, tool_format: ToolFormat) -> None:
-        self._tokenizer = tokenizer
         self.format = tool_format
+        # Read once here: the template and the vocabulary do not change, and requests must not wait for them.
+        self._takes_tools = tokenizer.takes_tools()
+        markers = [marker for marker in (tool_format.start, tool_format.end, tool_format.tag) if marker]
+        tokens = {marker: tokenizer.added_token(marker) for marker in markers}
+        # A marker that is an added token is forced by its id: a text literal would never match it.
+        self._literals = {m: f"<[{t[0]}]>" if t is not None else json.dumps(m) for m, t in tokens.items()}
+        # Special markers must survive decoding for the parser to see them.
+        self.keeps_markers = any(token is not None and token[1] for token in tokens.values())
 
     def template_tools(self, request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them; a 400 when the template cannot show them to the model."""
         tools = request.offered_tools()
         if not tools:
             return None
-        if not self._tokenizer.takes_tools:
+        if not self._takes_tools:
             raise BadRequestError(
                 "this model's chat template does not show tools to the model; start the server with "
                 "--chat-template FILE of a template that does",
@@ -51,17 +58,7 @@ class ChatTools:
             [(tool.function.name, tool.function.arguments_schema()) for tool in tools], self.format.arguments_key
         )
         many = choice == "required" and request.parallel_tool_calls is not False
-        return self.format.grammar(schema, many, self._literal)
-
-    def keeps_markers(self) -> bool:
-        """Whether the format's markers are special tokens, which decoding must keep for the parser to see them."""
-        markers = (self.format.start, self.format.end, self.format.tag)
-        tokens = [self._tokenizer.added_token(marker) for marker in markers if marker]
-        return any(token is not None and token[1] for token in tokens)
-
-    def _literal(self, marker: str) -> str:
-        token = self._tokenizer.added_token(marker)
-        return f"<[{token[0]}]>" if token is not None else json.dumps(marker)
+        return self.format.grammar(schema, many, self._literals.__getitem__)
 
 
 def tool_calls(parsed: ParsedAnswer) -> list[ToolCall]:

@@ -44,7 +44,6 @@ class TokenizerService:
         except ValueError:  # several named templates and none is the default
             return ""
 
-    @property
     def takes_tools(self) -> bool:
         """Whether the chat template shows the model the tools it is given."""
         source = self.template_source(with_tools=True)

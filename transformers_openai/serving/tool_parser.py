@@ -51,7 +51,6 @@ class CallScan:
     arguments: str | None = None  # the arguments' JSON text: complete, or a growing prefix when `partial`
     partial: bool = False
     closed: bool = False  # the object's closing brace was seen
-    end: int = 0  # where the scan stopped in the region
 
 
 @dataclass
@@ -60,67 +59,87 @@ class _Call:
     sent: int = 0  # argument characters already sent
 
 
-def scan_object(body: str, start: int, arguments_key: str) -> CallScan:
-    """Reads the JSON object at `body[start]` as far as it goes: its top-level "name" and arguments values."""
-    scan = CallScan()
-    depth, in_string, escaped = 0, False, False
-    phase, key, token_start, value_start = "key", "", 0, 0
-    values: dict[str, str] = {}
-    for j in range(start, len(body)):
-        c = body[j]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+class ObjectScanner:
+    """Reads one call's JSON object as its text grows, resuming where it stopped (linear in the call's length).
+
+    Only the top level is read: the "name" value and the arguments value; nesting and strings are tracked so that
+    braces inside them do not count.
+    """
+
+    def __init__(self, start: int, arguments_key: str) -> None:
+        self.start = start
+        self._arguments_key = arguments_key
+        self._next = start  # the next character to read
+        self._depth, self._in_string, self._escaped = 0, False, False
+        self._phase, self._key, self._token_start, self._value_start = "key", "", 0, 0
+        self._values: dict[str, str] = {}
+        self.closed = False
+        self.end = start  # after the closing brace, once closed
+
+    def scan(self, body: str) -> CallScan:
+        depth, in_string, escaped = self._depth, self._in_string, self._escaped
+        phase, key, token_start, value_start = self._phase, self._key, self._token_start, self._value_start
+        values = self._values
+        j = self._next
+        while j < len(body) and not self.closed:
+            c = body[j]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif c == "\\":
+                    escaped = True
+                elif c == '"':
+                    in_string = False
+                    if depth == 1 and phase == "key_text":
+                        key, phase = str(_decoded(body[token_start : j + 1])), "colon"
+                    elif depth == 1 and phase == "value":
+                        values[key], phase = body[value_start : j + 1], "comma"
             elif c == '"':
-                in_string = False
-                if depth == 1 and phase == "key_text":
-                    key, phase = str(_decoded(body[token_start : j + 1])), "colon"
-                elif depth == 1 and phase == "value":
+                in_string = True
+                if depth == 1 and phase == "key":
+                    token_start, phase = j, "key_text"
+                elif depth == 1 and phase == "value_start":
+                    value_start, phase = j, "value"
+            elif c in "{[":
+                if depth == 1 and phase == "value_start":
+                    value_start, phase = j, "value"
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 1 and phase == "value":  # a container value closed
                     values[key], phase = body[value_start : j + 1], "comma"
-            continue
-        if c == '"':
-            in_string = True
-            if depth == 1 and phase == "key":
-                token_start, phase = j, "key_text"
-            elif depth == 1 and phase == "value_start":
-                value_start, phase = j, "value"
-        elif c in "{[":
-            if depth == 1 and phase == "value_start":
-                value_start, phase = j, "value"
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 1 and phase == "value":  # a container value closed
-                values[key], phase = body[value_start : j + 1], "comma"
-            elif depth == 0:
-                if phase == "value":  # a number, true, false or null ended by the brace
-                    values[key] = body[value_start:j].strip()
-                scan.closed, scan.end = True, j + 1
-                break
-        elif depth == 1:
-            if c == ":" and phase == "colon":
-                phase = "value_start"
-            elif c == ",":
-                if phase == "value":
-                    values[key] = body[value_start:j].strip()
-                phase = "key"
-            elif not c.isspace() and phase == "value_start":
-                value_start, phase = j, "value"
-    else:
-        scan.end = len(body)
-    name = values.get("name")
-    if name is not None and name.startswith('"'):
-        decoded = _decoded(name)
-        scan.name = decoded if isinstance(decoded, str) else None
-    if arguments_key in values:
-        raw = values[arguments_key]
-        decoded = _decoded(raw) if raw.startswith('"') else None
-        scan.arguments = decoded if isinstance(decoded, str) else raw  # arguments sent as a JSON string
-    elif phase == "value" and key == arguments_key and body[value_start] in "{[":
-        scan.arguments, scan.partial = body[value_start:], True
-    return scan
+                elif depth == 0:
+                    if phase == "value":  # a number, true, false or null ended by the brace
+                        values[key] = body[value_start:j].strip()
+                    self.closed, self.end = True, j + 1
+            elif depth == 1:
+                if c == ":" and phase == "colon":
+                    phase = "value_start"
+                elif c == ",":
+                    if phase == "value":
+                        values[key] = body[value_start:j].strip()
+                    phase = "key"
+                elif not c.isspace() and phase == "value_start":
+                    value_start, phase = j, "value"
+            j += 1
+        self._next = j
+        self._depth, self._in_string, self._escaped = depth, in_string, escaped
+        self._phase, self._key, self._token_start, self._value_start = phase, key, token_start, value_start
+        return self._result(body)
+
+    def _result(self, body: str) -> CallScan:
+        scan = CallScan(closed=self.closed)
+        name = self._values.get("name")
+        if name is not None and name.startswith('"'):
+            decoded = _decoded(name)
+            scan.name = decoded if isinstance(decoded, str) else None
+        raw = self._values.get(self._arguments_key)
+        if raw is not None:
+            decoded = _decoded(raw) if raw.startswith('"') else None
+            scan.arguments = decoded if isinstance(decoded, str) else raw  # arguments sent as a JSON string
+        elif self._phase == "value" and self._key == self._arguments_key and body[self._value_start] in "{[":
+            scan.arguments, scan.partial = body[self._value_start : self._next], True
+        return scan
 
 
 def _decoded(text: str) -> object:
@@ -130,22 +149,37 @@ def _decoded(text: str) -> object:
         return None
 
 
-def scan_calls(body: str, arguments_key: str) -> list[CallScan]:
-    """The call objects of a region, in order, up to the first text that is not a call or a separator."""
-    scans: list[CallScan] = []
-    i = 0
-    while i < len(body):
-        if body[i] in _SEPARATORS:
-            i += 1
-            continue
-        if body[i] != "{":
-            break
-        scan = scan_object(body, i, arguments_key)
-        scans.append(scan)
-        if not scan.closed:
-            break
-        i = scan.end
-    return scans
+class RegionScanner:
+    """The call objects of a region as its text grows, up to the first text that is neither a call nor a separator."""
+
+    def __init__(self, arguments_key: str) -> None:
+        self._arguments_key = arguments_key
+        self._closed: list[CallScan] = []  # the calls read to their end: final
+        self._open: ObjectScanner | None = None
+        self._after = 0  # where the next call may begin
+
+    @property
+    def outside_calls(self) -> int | None:
+        """Where the text after the calls read so far begins; None while a call is still open."""
+        return self._after if self._open is None else None
+
+    def scan(self, body: str) -> list[CallScan]:
+        """`body` is the region's whole text so far (it only grows)."""
+        scans = list(self._closed)
+        while True:
+            if self._open is None:
+                i = self._after
+                while i < len(body) and body[i] in _SEPARATORS:
+                    i += 1
+                if i >= len(body) or body[i] != "{":
+                    return scans
+                self._open = ObjectScanner(i, self._arguments_key)
+            scan = self._open.scan(body)
+            scans.append(scan)
+            if not scan.closed:
+                return scans
+            self._closed.append(scan)
+            self._after, self._open = self._open.end, None
 
 
 class ToolCallParser:
@@ -160,9 +194,16 @@ class ToolCallParser:
         self._opened_at = 0  # where the open call region's marker (or first brace) is
         self._region = 0  # where the open call region's body begins
         self._calls: list[_Call] = []  # the open region's calls
+        self._scanner = RegionScanner(tool_format.arguments_key)
         self._started = 0  # calls named so far, over all regions
         self._blank = ""  # whitespace after the content sent: sent only if more content follows
+        self._content_sent = False
         self._events: list[ToolEvent] = []
+
+    @property
+    def called(self) -> bool:
+        """Whether a call has been read (its name sent)."""
+        return self._started > 0
 
     def feed(self, text: str) -> list[ToolEvent]:
         self._text += text
@@ -218,14 +259,14 @@ class ToolCallParser:
 
     def _open_region(self, opened_at: int, body_start: int) -> None:
         self._mode, self._opened_at, self._region, self._pos = "calls", opened_at, body_start, body_start
-        self._calls = []
+        self._calls, self._scanner = [], RegionScanner(self._format.arguments_key)
 
     def _in_calls(self, final: bool) -> None:
         region = self._text[self._region :]
-        end = self._format.end
-        closed_at = region.find(end) if end else -1
-        body = region[:closed_at] if closed_at >= 0 else region
-        scans = scan_calls(body, self._format.arguments_key)
+        scans = self._scanner.scan(region)
+        end, outside = self._format.end, self._scanner.outside_calls
+        # The end marker counts outside the calls only: inside, it may be part of an argument's text.
+        closed_at = region.find(end, outside) if end and outside is not None else -1
         for k, scan in enumerate(scans):
             if k == len(self._calls):
                 self._calls.append(_Call())
@@ -252,11 +293,16 @@ class ToolCallParser:
             call.sent = len(arguments)
 
     def _send_content(self, text: str) -> None:
+        """Content without the blank lines around calls: leading and trailing whitespace of the answer's text
+        is dropped, whitespace between its pieces kept."""
         text = self._blank + text
         body = text.rstrip()
         self._blank = text[len(body) :]
+        if not self._content_sent:
+            body = body.lstrip()
         if body:
             self._events.append(ContentDelta(body))
+            self._content_sent = True
 
 
 def _marker_prefix(text: str, marker: str) -> int:
