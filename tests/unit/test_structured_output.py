@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from tests.grammar_walk import random_walk
 from tests.schemas import SCHEMAS
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.structured_output import StructuredOutputs
@@ -28,17 +29,7 @@ def structured(tokenizer) -> StructuredOutputs:
 def walk(structured: StructuredOutputs, tokenizer, schema: dict, seed: int, vocab_pad: int = 0) -> str:
     """Random logits every step, masked by the grammar, argmax taken: a model that knows nothing about JSON."""
     (constraint,) = structured.constraints(schema, 1, "response_format")
-    generator = torch.Generator().manual_seed(seed)
-    tokens: list[int] = []
-    for _ in range(3000):
-        logits = torch.randn(len(tokenizer) + vocab_pad, generator=generator) * 5
-        constraint.mask(logits)
-        token = int(logits.argmax())
-        constraint.advance(token)
-        tokens.append(token)
-        if constraint.is_done():
-            break
-    assert constraint.is_done(), "the grammar never finished"
+    tokens = random_walk(constraint, len(tokenizer) + vocab_pad, seed, tokenizer.eos_token_id)
     return tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id])
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import jsonschema
 import pytest
-import torch
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
+from tests.grammar_walk import random_walk
 from transformers_openai.protocol import ChatCompletionRequest
 from transformers_openai.serving.chat_tools import ChatTools
 from transformers_openai.serving.structured_output import StructuredOutputs
@@ -60,18 +60,8 @@ def walk(
     grammar = tools.forced_grammar(body)
     assert grammar is not None
     (constraint,) = structured.lark_constraints(grammar, 1, "tool_choice")
-    generator = torch.Generator().manual_seed(seed)
-    tokens: list[int] = []
-    for _ in range(2000):
-        logits = torch.randn(len(tokenizer), generator=generator) * 5
-        logits[tokenizer.eos_token_id] -= 3  # let the walks make several calls now and then
-        constraint.mask(logits)
-        token = int(logits.argmax())
-        constraint.advance(token)
-        tokens.append(token)
-        if constraint.is_done():
-            break
-    assert constraint.is_done(), "the grammar never finished"
+    # A lowered end token lets the walks make several calls now and then.
+    tokens = random_walk(constraint, len(tokenizer), seed, tokenizer.eos_token_id, eos_penalty=3.0)
     skip = not tools.keeps_markers
     return str(tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id], skip_special_tokens=skip))
 
