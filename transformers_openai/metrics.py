@@ -26,6 +26,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         labels = ["model_name"]
         self._model = model_name
+        self._prefix_seen = {"queries": 0, "hits": 0}  # the engine reports running totals; counters take the rise
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -40,7 +41,16 @@ class Metrics:
         self.running = gauge("num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests waiting for a row.")
         self.kv_rows = gauge("kv_cache_rows_in_use", "KV-cache rows (one per running request) in use.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache rows in use (1 = full).")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of the K/V pool's blocks held by requests (1 = full).")
+        self.kv_blocks_used = gauge("kv_cache_blocks_used", "K/V pool blocks held by requests.")
+        self.kv_blocks_free = gauge(
+            "kv_cache_blocks_free", "K/V pool blocks free to take (cached prefixes nobody holds included)."
+        )
+        self.preemptions = counter(
+            "num_preemptions_total", "Requests preempted (K/V blocks freed, recomputed later) when the pool was full."
+        )
+        self.prefix_queries = counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")
         self.success = counter("request_success_total", "Finished requests by finish reason.", ("finished_reason",))
         self.rejected = counter("request_rejected_total", "Requests rejected with 429 (server at capacity).")
         self.disconnected = counter("request_client_disconnected_total", "Requests aborted by a client disconnect.")
@@ -73,7 +83,20 @@ class Metrics:
         self.running.labels(model).set(stats.running)
         self.waiting.labels(model).set(stats.waiting)
         self.kv_rows.labels(model).set(stats.rows_in_use)
-        self.kv_usage.labels(model).set(stats.rows_in_use / stats.max_rows if stats.max_rows else 0.0)
+        kv = stats.kv
+        if kv is not None:
+            self.kv_usage.labels(model).set(kv.blocks_used / kv.blocks_total if kv.blocks_total else 0.0)
+            self.kv_blocks_used.labels(model).set(kv.blocks_used)
+            self.kv_blocks_free.labels(model).set(kv.blocks_total - kv.blocks_used)
+            for total, counter, seen in (
+                (kv.prefix_queries, self.prefix_queries, "queries"),
+                (kv.prefix_hits, self.prefix_hits, "hits"),
+            ):
+                if total > self._prefix_seen[seen]:
+                    counter.labels(model).inc(total - self._prefix_seen[seen])
+                    self._prefix_seen[seen] = total
+        if stats.preemptions:
+            self.preemptions.labels(model).inc(stats.preemptions)
         if stats.prompt_tokens:
             self.prompt_tokens.labels(model).inc(stats.prompt_tokens)
         if stats.generation_tokens:

@@ -27,6 +27,7 @@ from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
@@ -72,6 +73,39 @@ def cpu_has_native_bf16() -> bool:
     slower than float32."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+# Without --kv-cache-memory: this share of the GPU memory free once the model is loaded (the rest is for activations),
+# or on a CPU this share of the available memory, at most CPU_KV_CAP bytes (a CPU pool's pages take memory only once
+# used, so the process grows with the live tokens up to it).
+GPU_KV_SHARE = 0.85
+CPU_KV_SHARE = 0.25
+CPU_KV_CAP = 4 * 2**30
+
+
+def resolve_kv_space(setting: float | None, block_size: int, device: torch.device) -> KVSpace:
+    """The K/V budget in bytes: `setting` is bytes, or a fraction (at most 1) of the device's free memory."""
+    free = _free_memory(device)
+    if setting is None:
+        share = GPU_KV_SHARE if device.type == "cuda" else CPU_KV_SHARE
+        budget = int(free * share) if device.type == "cuda" else min(int(free * share), CPU_KV_CAP)
+    elif setting <= 1:
+        budget = int(free * setting)
+    else:
+        budget = int(setting)
+    return KVSpace(bytes=budget, block_size=block_size)
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 16 * 2**30  # not Linux: assume a modest machine
 
 
 def context_length(config: PretrainedConfig, requested: int | None) -> int:
@@ -129,7 +163,14 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
-    runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len)
+    kv_space = resolve_kv_space(settings.kv_cache_memory, settings.kv_block_size, model.device)
+    runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len, kv_space)
+    if runner.max_model_len < max_len:
+        logger.warning(
+            "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
+            kv_space.bytes / 2**20, runner.max_model_len, max_len,
+        )
+        max_len = runner.max_model_len
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
@@ -177,7 +218,7 @@ class ModelKind:
     """Everything that differs between the kinds of model served: one entry each, in one place."""
 
     model_class: Any
-    build_runner: Callable[[PreTrainedModel, int, int, int], ModelRunner]
+    build_runner: Callable[[PreTrainedModel, int, int, int, KVSpace], ModelRunner]
     capabilities: frozenset[Capability]
     context_length: Callable[[PreTrainedModel, int | None], int]
     text_encoder: bool = False  # the text prompt is the encoder's input (T5), with its own length limit
@@ -195,12 +236,12 @@ def _decoder_positions(model: PreTrainedModel, requested: int | None) -> int:
 _TEXT = frozenset({Capability.TEXT})
 MODEL_KINDS: dict[str, ModelKind] = {
     "causal-lm": ModelKind(
-        AutoModelForCausalLM, lambda m, rows, n, _: CausalLMRunner(m, rows, n), _TEXT, _text_context
+        AutoModelForCausalLM, lambda m, rows, n, _, kv: CausalLMRunner(m, rows, n, kv), _TEXT, _text_context
     ),
     "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context, text_encoder=True),
     "whisper": ModelKind(
         WhisperForConditionalGeneration,
-        lambda m, rows, n, _: WhisperRunner.with_rules(m, rows),
+        lambda m, rows, n, _, kv: WhisperRunner.with_rules(m, rows, kv),
         frozenset({Capability.SPEECH}),
         _decoder_positions,
     ),

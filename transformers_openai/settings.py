@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, ByteSize, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
 CommaList = Annotated[list[str], NoDecode]
+_BYTES = TypeAdapter(ByteSize)  # "4GiB", "512MB"
 
 
 class Settings(BaseSettings):
@@ -58,6 +59,15 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(
         None, ge=8, description="Context length (prompt + completion); defaults to the model's own limit."
     )
+    kv_cache_memory: float | None = Field(
+        None,
+        gt=0,
+        description="Memory for the K/V cache of running requests: bytes (4GiB, 512MB, 1e9) or a fraction (at most 1) "
+        "of the device memory free after loading. Default: 0.85 of it on CUDA; on a CPU 0.25 of the available "
+        "memory, at most 4 GiB (taken as used). Requests wait when it is full; a running one is preempted and "
+        "recomputed later rather than failing.",
+    )
+    kv_block_size: int = Field(16, ge=1, le=1024, description="Tokens per K/V cache block.")
     chat_template: Path | None = Field(None, description="Jinja file overriding the tokenizer's chat template.")
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
         "auto",
@@ -110,6 +120,13 @@ class Settings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     log_format: Literal["text", "json"] = Field("text", description="Log lines as plain text or one JSON object each.")
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and value.strip()[-1].isalpha():
+            return float(_BYTES.validate_python(value.strip()))
+        return value
 
     @field_validator("api_keys", "allowed_origins", "allowed_methods", "allowed_headers", mode="before")
     @classmethod

@@ -22,7 +22,7 @@ async def _wait_idle(server: ServerProcess, timeout_s: float) -> dict:
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
             state = (await client.get(f"{server.root_url}/health")).json()["engine"]
-            if state["rows_in_use"] == 0 and state["running"] == 0 and state["waiting"] == 0:
+            if not (state["rows_in_use"] or state["kv_blocks_used"] or state["running"] or state["waiting"]):
                 return state
             if time.monotonic() > deadline:
                 return state
@@ -43,7 +43,7 @@ def test_disconnect_aborts_mid_generation_for_each_kind(served: Served) -> None:
                 assert response.headers["x-request-id"] == "victim-1"
                 await read_chunks(response, limit=2)
             state = await _wait_idle(server, timeout_s=30)
-            assert state["rows_in_use"] == 0 and state["in_flight"] == 0, state
+            assert state["rows_in_use"] == 0 and state["kv_blocks_used"] == 0 and state["in_flight"] == 0, state
             request_id = "victim-1"
             line = next(line for line in server.log().splitlines() if f"{request_id}-0 aborted" in line)
             produced = int(line.split(" after ")[1].split()[0])
@@ -113,7 +113,7 @@ def test_200_requests_half_disconnecting_leave_no_state_and_no_growth(smollm2_se
 
             await asyncio.gather(*(bounded(i) for i in range(start, start + count)))
         state = await _wait_idle(smollm2_server, timeout_s=30)
-        assert state == {"running": 0, "waiting": 0, "rows_in_use": 0, "in_flight": 0}
+        assert state == {"running": 0, "waiting": 0, "rows_in_use": 0, "kv_blocks_used": 0, "in_flight": 0}
 
     asyncio.run(wave(0, 20))
     baseline = smollm2_server.rss_bytes()

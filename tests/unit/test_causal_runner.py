@@ -150,9 +150,12 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
         assert long.request_id in chunked_core.scheduler.prefilling
     assert chunked_core.runner.rows_in_use() == 1
     partial = chunked_core.scheduler.prefilling[long.request_id].prefill
-    assert partial.state is not None and partial.done == 28  # its own cache, 4 chunks in
+    assert partial.kv is not None and partial.done == 28  # its blocks, reserved for the whole prompt, 4 chunks in
+    held = chunked_core.runner.kv_usage().blocks_used
+    assert held == 1 + -(-61 // 16)  # the short row's block and the long prompt's (and its first token's)
     assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
-    assert partial.state is None  # the runner discarded its partial cache
+    assert partial.kv is None  # the runner gave its blocks back
+    assert chunked_core.runner.kv_usage().blocks_used == 1
     assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1
 
 

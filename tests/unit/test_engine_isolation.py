@@ -16,7 +16,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest, FinishReason
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.runners.base import OneByOnePrefill, PrefillJob
+from transformers_openai.runners.base import KVUsage, OneByOnePrefill, PrefillJob
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -46,6 +46,18 @@ class FaultyRunner(OneByOnePrefill):
 
     def prefill_overhead(self, job: PrefillJob) -> int:
         return self.inner.prefill_overhead(job)
+
+    def reserve(self, job: PrefillJob) -> bool:
+        return self.inner.reserve(job)
+
+    def grow(self) -> bool:
+        return self.inner.grow()
+
+    def kv_usage(self) -> KVUsage:
+        return self.inner.kv_usage()
+
+    def discard(self, job: PrefillJob) -> None:
+        self.inner.discard(job)
 
     def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
         poisoned = job.prompt_token_ids[0] == MARKER

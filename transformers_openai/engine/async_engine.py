@@ -30,6 +30,7 @@ class EngineStats:
     running: int
     waiting: int
     rows_in_use: int
+    kv_blocks_used: int  # K/V cache blocks held by requests (cached prefixes nobody holds are free)
     in_flight: int
 
 
@@ -78,6 +79,7 @@ class AsyncEngine:
             running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),
             rows_in_use=self._core.runner.rows_in_use(),
+            kv_blocks_used=self._core.runner.kv_usage().blocks_used,
             in_flight=len(self._streams),
         )
 

@@ -68,7 +68,9 @@ class EngineCore:
         outputs: list[RequestOutput] = []
         gaps: list[float] = []
         clock = PhaseClock()
-        planned = self.scheduler.prefill_plan()
+        planned = self.scheduler.prefill_plan(self.runner.reserve)
+        if not planned:
+            self._refuse_what_never_fits(outputs)
         with clock("prefill"):
             admitted = self._prefill(planned, outputs)
         if admitted:
@@ -77,6 +79,7 @@ class EngineCore:
         if publish is not None and outputs:
             publish(outputs)
             outputs = []
+        preempted = self._make_room(outputs) if self.scheduler.running else 0
         running = self.scheduler.running
         batch_size = len(running)
         if running:
@@ -97,6 +100,8 @@ class EngineCore:
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
                 phase_s=clock.done(),
+                kv=self.runner.kv_usage(),
+                preemptions=preempted,
             )
         )
         return outputs
@@ -105,6 +110,36 @@ class EngineCore:
         scheduler = self.scheduler
         seqs = [*scheduler.running.values(), *scheduler.prefilling.values(), *scheduler.waiting.values()]
         return self._fail(seqs, exc)
+
+    def _make_room(self, outputs: list[RequestOutput]) -> int:
+        """Frees K/V blocks until every running row has room for its next token: the request that arrived last is
+        preempted (its blocks freed, its tokens kept; it waits first in line and is prefilled again). A request
+        that is alone and still does not fit fails. Returns how many were preempted."""
+        preempted = 0
+        while not self.runner.grow():
+            holders = self.scheduler.kv_holders()
+            if not holders:
+                break
+            victim = max(holders, key=lambda seq: seq.arrival)
+            if len(holders) == 1:
+                outputs.extend(self._fail([victim], MemoryError("the K/V cache cannot hold this request")))
+                continue
+            logger.info("request %s preempted after %d tokens: K/V cache full", victim.request_id,
+                        len(victim.output_ids))
+            self._release(victim)
+            victim.preempt()
+            victim.prefill.overhead = self.runner.prefill_overhead(victim.prefill)
+            self.scheduler.requeue(victim)
+            preempted += 1
+        return preempted
+
+    def _refuse_what_never_fits(self, outputs: list[RequestOutput]) -> None:
+        """With nothing else holding K/V memory, a waiting request the runner cannot take never will be: it fails."""
+        scheduler = self.scheduler
+        if scheduler.running or scheduler.prefilling or not scheduler.waiting:
+            return
+        head = next(iter(scheduler.waiting.values()))
+        outputs.extend(self._fail([head], MemoryError("the K/V cache cannot hold this request's prompt")))
 
     def _prefill(
         self, planned: list[tuple[Sequence, int]], outputs: list[RequestOutput]
@@ -232,7 +267,7 @@ class EngineCore:
         if seq.slot is not None:
             self.runner.release(seq.slot)
             seq.slot = None
-        elif seq.prefill.state is not None:  # ended mid-prefill: no row yet, a partial cache maybe
+        else:  # no row yet: a reservation, a partial prefill maybe
             self.runner.discard(seq.prefill)
 
     def _finished(self, seq: Sequence, client_disconnected: bool = False) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from transformers_openai.engine.sequence import Sequence
+from transformers_openai.runners.base import PrefillJob
 
 
 class Scheduler:
@@ -34,12 +36,13 @@ class Scheduler:
         if seq.request.continuation:  # the next part of a request already served: before the newcomers
             self.waiting.move_to_end(seq.request_id, last=False)
 
-    def prefill_plan(self) -> list[tuple[Sequence, int]]:
+    def prefill_plan(self, reserve: Callable[[PrefillJob], bool] = lambda job: True) -> list[tuple[Sequence, int]]:
         """This step's prefill work: (sequence, prompt tokens to process), oldest first.
 
-        Prefills already under way continue first; then waiting requests start while rows and budget remain.
-        A request's declared overhead (an encoder pass) counts against the budget too: one whose overhead does
-        not fit waits for the next step, unless nothing else is planned (every step makes progress).
+        Prefills already under way continue first; then waiting requests start while rows, budget and K/V memory
+        remain (`reserve` sets aside a request's K/V memory, or says it does not fit: it then waits, and so do the
+        ones behind it). A request's declared overhead (an encoder pass) counts against the budget too: one whose
+        overhead does not fit waits for the next step, unless nothing else is planned (every step makes progress).
         """
         plan: list[tuple[Sequence, int]] = []
         budget = self.max_prefill_tokens
@@ -50,8 +53,11 @@ class Scheduler:
             plan.append((seq, take))
             budget -= take
         while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
-            overhead = next(iter(self.waiting.values())).prefill.overhead
+            head = next(iter(self.waiting.values()))
+            overhead = head.prefill.overhead
             if plan and overhead >= budget:
+                break
+            if not reserve(head.prefill):
                 break
             _, seq = self.waiting.popitem(last=False)
             self.prefilling[seq.request_id] = seq
@@ -64,6 +70,16 @@ class Scheduler:
         """The sequence's prompt is in: it runs from now on."""
         self.prefilling.pop(seq.request_id, None)
         self.running[seq.request_id] = seq
+
+    def kv_holders(self) -> list[Sequence]:
+        """The requests holding K/V memory: running, or being prefilled with their reservation."""
+        return [*self.running.values(), *(s for s in self.prefilling.values() if s.prefill.kv is not None)]
+
+    def requeue(self, seq: Sequence) -> None:
+        """A preempted request waits again, ahead of the newcomers."""
+        self.remove(seq.request_id)
+        self.waiting[seq.request_id] = seq
+        self.waiting.move_to_end(seq.request_id, last=False)
 
     def remove(self, request_id: str) -> Sequence | None:
         """Takes a request out of wherever it is; returns it, or None if it is unknown or done."""

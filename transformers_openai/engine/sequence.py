@@ -30,6 +30,7 @@ class Sequence:
             request.prompt_token_ids, request.encoder_inputs, prompt_logprobs=request.params.prompt_logprobs
         )
         self.slot: int | None = None
+        self.preemptions = 0
         self.output_ids: list[int] = []
         self.finish_reason: FinishReason | None = None
         params = request.params
@@ -67,6 +68,16 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return self.request.prompt_tokens
+
+    def preempt(self) -> None:
+        """Its row was taken back: it will be prefilled again, over its prompt and the tokens it has so far."""
+        earlier = self.prefill
+        self.prefill = PrefillJob(
+            [*self.request.prompt_token_ids, *self.output_ids], self.request.encoder_inputs, info=earlier.info
+        )
+        self.prefill.prompt_scores = earlier.prompt_scores
+        self.slot = None
+        self.preemptions += 1
 
     def append(self, token_id: int, logprob: tuple[float, list[tuple[int, float]]] | None) -> RequestOutput:
         """Records a sampled token and returns the output increment it produces."""

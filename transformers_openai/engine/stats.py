@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from transformers_openai.runners.base import KVUsage
+
 # Where a step's time goes: prompts in, the batched forward, sampling, turning tokens into outputs (detokenizing,
 # stop strings, bookkeeping); "total" is the whole step.
 STEP_PHASES = ("prefill", "forward", "sample", "output")
@@ -24,6 +26,8 @@ class StepStats:
     generation_tokens: int  # sampled this step
     inter_token_latencies_s: list[float]
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per STEP_PHASES entry that ran, and "total"
+    kv: KVUsage | None = None  # the K/V pool after the step
+    preemptions: int = 0  # requests preempted in this step
 
 
 class PhaseClock:

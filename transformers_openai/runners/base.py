@@ -30,10 +30,22 @@ class PrefillJob:
     # with (logprob, rank, [(token, logprob)] top) of every prompt token after the first, in order, across chunks.
     prompt_logprobs: int | None = None
     prompt_scores: list[tuple[float, int, list[tuple[int, float]]]] = field(default_factory=list)
+    kv: Any = None  # the runner's K/V reservation (a block table), from admission until the row joins
 
     @property
     def remaining(self) -> int:
         return len(self.prompt_token_ids) - self.done
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """The K/V pool's state: blocks held by requests (cached prefixes nobody holds count as free), and the prefix
+    cache's lookups (prompt tokens looked up, and found)."""
+
+    blocks_used: int
+    blocks_total: int
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 PrefillResult = tuple[int, torch.Tensor] | None  # (slot of the fresh row, next-token logits), or None: not all in
@@ -55,7 +67,7 @@ class OneByOnePrefill:
         return outcomes
 
     def discard(self, job: PrefillJob) -> None:
-        job.state = None  # the partial cache of a chunked prefill
+        job.state = None  # what the runner kept between chunks
 
 
 class RowTokens(Protocol):
@@ -97,6 +109,18 @@ class ModelRunner(Protocol):
         """What starting this job's prefill costs beyond its tokens, in token units (0 for a decoder-only model)."""
         ...
 
+    def reserve(self, job: PrefillJob) -> bool:
+        """Sets aside the K/V memory a job about to start its prefill needs (its whole prompt and one more token),
+        reusing cached blocks its prompt starts with (then `job.done` skips them). False: it does not fit now."""
+        ...
+
+    def grow(self) -> bool:
+        """Makes room for one more token in every row before a decode step. False: the pool is short (the engine
+        then preempts a request and asks again)."""
+        ...
+
+    def kv_usage(self) -> KVUsage: ...
+
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once).
 
@@ -111,7 +135,7 @@ class ModelRunner(Protocol):
         ...
 
     def discard(self, job: PrefillJob) -> None:
-        """Drops what a job aborted mid-prefill holds (it never got a row)."""
+        """Drops what a job that never got a row holds (its reservation, its partial prefill)."""
         ...
 
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
-from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
+from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
+from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.paged_rows import KVSpace, PagedRows
 from transformers_openai.runners.prefill_groups import length_groups
-from transformers_openai.runners.slots import SlotTable
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
 SCORED_CHUNK_TOKENS = 512
@@ -19,28 +19,26 @@ SCORED_CHUNK_TOKENS = 512
 CPU_MAX_PADDING = 0.25
 GPU_MAX_PADDING = 1.0
 
-Layers = list[tuple[torch.Tensor, torch.Tensor]]
-
 
 class CausalLMRunner(OneByOnePrefill):
-    """Prefills the prompts admitted in a step together, then decodes all rows together over one `BatchKVCache`.
+    """Prefills the prompts admitted in a step together, then decodes all rows together over one paged K/V pool.
 
-    Prompts that fit whole in their step go through one left-padded forward per group of similar lengths
-    (identical prompts are computed once and their rows copied); a prompt chunked over several steps, or one whose
-    logprobs are scored, is prefilled alone.
+    Every forward, prefill or decode, is one step of the `PagedKVCache`: each row adds its own number of tokens
+    after what its blocks already hold (a cached prefix of its prompt, earlier chunks). Prompts that fit whole in
+    their step share forwards in groups of similar lengths (identical prompts are computed once and their K/V
+    copied); a prompt chunked over several steps, or one whose logprobs are scored, is prefilled alone.
     """
 
     logits_processors: Sequence[LogitsProcessor] = ()
 
-    def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, kv: KVSpace | None = None) -> None:
         self.model = model
         self.max_rows = max_rows
-        self.max_model_len = max_model_len
         self.device = model.device
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
-        layers = model.config.get_text_config(decoder=True).num_hidden_layers
-        self._cache = BatchKVCache(layers, max_rows, max_model_len)
-        self._slots = SlotTable(max_rows)
+        self._rows = PagedRows(model, max_rows, max_model_len, kv)
+        self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
+        self._free_slots = list(range(max_rows - 1, -1, -1))
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len
@@ -48,35 +46,45 @@ class CausalLMRunner(OneByOnePrefill):
     def prefill_overhead(self, job: PrefillJob) -> int:
         return 0  # its tokens are the whole cost
 
+    def reserve(self, job: PrefillJob) -> bool:
+        return self._rows.reserve(job, len(job.prompt_token_ids) + 1, reuse_prefix=job.prompt_logprobs is None)
+
+    def grow(self) -> bool:
+        return self._rows.grow()
+
+    def kv_usage(self) -> KVUsage:
+        return self._rows.usage()
+
     @torch.inference_mode()
     def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
         outcomes: list[PrefillResult | Exception] = [None] * len(jobs)
         alone: list[int] = []
-        same: dict[tuple[int, ...], list[int]] = {}  # each distinct whole prompt -> the jobs that have it
+        same: dict[tuple[int, ...], list[int]] = {}  # each distinct prompt taken whole -> the jobs that have it
         for i, (job, take) in enumerate(jobs):
-            whole = job.state is None and job.prompt_logprobs is None and 0 < job.remaining <= take
-            if whole:
-                same.setdefault(tuple(job.prompt_token_ids), []).append(i)
+            if job.kv is None and not self.reserve(job):
+                outcomes[i] = RuntimeError("the K/V pool has no room for this prompt")
+            elif job.prompt_logprobs is None and 0 < job.remaining <= take:
+                same.setdefault((job.done, *job.prompt_token_ids), []).append(i)
             else:
                 alone.append(i)
-        prompts = list(same)
-        filled: list[tuple[tuple[int, ...], Layers, torch.Tensor]] = []
-        for group in length_groups([len(p) for p in prompts], self.max_padding):
-            members = [prompts[g] for g in group]
+        keys = list(same)
+        for group in length_groups([len(key) - key[0] for key in keys], self.max_padding):
+            firsts = [jobs[same[keys[g]][0]][0] for g in group]
             try:
-                filled.extend(zip(members, *self._prefill_together(members), strict=True))
+                logits = self._forward([(job, job.prompt_token_ids[job.done :]) for job in firsts], keep=1)
             except Exception:  # one prompt may be at fault: each of them alone, failing alone
-                alone.extend(i for prompt in members for i in same[prompt])
-        # The longest first: a row longer than the batch shifts every row once, not once per newcomer.
-        for prompt, layers, logits in sorted(filled, key=lambda f: -len(f[0])):
-            for i in same[prompt]:
-                try:
-                    pos = self._cache.insert(layers)
-                except Exception as exc:  # that job's failure only
-                    outcomes[i] = exc
-                    continue
-                jobs[i][0].done = len(prompt)
-                outcomes[i] = self._slots.add(pos), logits
+                alone.extend(i for g in group for i in same[keys[g]])
+                continue
+            for g, first, row_logits in zip(group, firsts, logits, strict=True):
+                copies, last = same[keys[g]][1:], row_logits[-1].float()
+                for i in copies:  # before the first joins: its table is read
+                    try:
+                        self._copy_prompt(first, jobs[i][0])
+                    except Exception as exc:  # that job's failure only
+                        outcomes[i] = exc
+                for i in same[keys[g]]:
+                    if outcomes[i] is None:
+                        outcomes[i] = self._join(jobs[i][0]), last
         for i in alone:
             try:
                 outcomes[i] = self.prefill(*jobs[i])
@@ -84,92 +92,88 @@ class CausalLMRunner(OneByOnePrefill):
                 outcomes[i] = exc
         return outcomes
 
-    def _prefill_together(self, prompts: list[tuple[int, ...]]) -> tuple[list[Layers], list[torch.Tensor]]:
-        """One left-padded forward over whole prompts; each prompt's own K/V (padding cut off) and last logits."""
-        width = max(len(p) for p in prompts)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        batch = layer_tensors(cache)
-        layers = [
-            [(k[row : row + 1, :, width - len(p) :], v[row : row + 1, :, width - len(p) :]) for k, v in batch]
-            for row, p in enumerate(prompts)
-        ]
-        logits = out.logits[:, -1].float()
-        return layers, list(logits)
-
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        # The request's own cache grows chunk by chunk; the row joins the batch when the prompt is in.
-        if job.state is None:
-            job.state = DynamicCache()
+        if job.kv is None and not self.reserve(job):
+            raise RuntimeError("the K/V pool has no room for this prompt")
         scoring = job.prompt_logprobs is not None
         take = max(max_tokens, 1) if not scoring else min(max(max_tokens, 1), SCORED_CHUNK_TOKENS)
-        end = min(len(job.prompt_token_ids), job.done + take)
-        chunk = torch.tensor([job.prompt_token_ids[job.done : end]], device=self.device)
-        keep = 0 if scoring else 1  # every position's logits when the prompt is scored
-        out = self.model(input_ids=chunk, past_key_values=job.state, use_cache=True, logits_to_keep=keep)
+        start, end = job.done, min(len(job.prompt_token_ids), job.done + take)
+        logits = self._forward([(job, job.prompt_token_ids[start:end])], keep=0 if scoring else 1)[0]
         if scoring:
-            _score(job, out.logits[0], end)
-        job.done = end
-        if job.remaining:
+            _score(job, logits, start, end)
+        if end < len(job.prompt_token_ids):
             return None
-        pos = self._cache.insert(layer_tensors(job.state))
-        job.state = None
-        return self._slots.add(pos), out.logits[0, -1].float()
+        return self._join(job), logits[-1].float()
+
+    def _forward(self, rows: list[tuple[PrefillJob, list[int]]], keep: int) -> torch.Tensor:
+        """One step adding each job's `tokens` after what its table holds; logits `[rows, keep or tokens, vocab]`."""
+        tables = [(job.kv, tokens) for job, tokens in rows]
+        logits = self._step(tables, keep)
+        for job, tokens in rows:
+            self._rows.pool.written(job.kv, tokens)
+            job.done += len(tokens)
+        return logits
+
+    def _copy_prompt(self, source: PrefillJob, target: PrefillJob) -> None:
+        """An identical prompt computed once: `target` gets a copy of `source`'s K/V beyond its own cached prefix."""
+        start, length = target.done, len(source.prompt_token_ids)
+        self._rows.copy_row(source.kv, target.kv, length, start)
+        self._rows.pool.written(target.kv, target.prompt_token_ids[start:])
+        target.done = length
+
+    def _join(self, job: PrefillJob) -> int:
+        slot = self._free_slots.pop()
+        self._rows.join(slot, job)
+        return slot
 
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
-        order = self._slots.order()
-        logits = self._step(order, last_tokens)
-        self._cache.advance(1)
+        order = list(self._rows.tables)
+        tables = [(self._rows.tables[slot], [last_tokens[slot]]) for slot in order]
+        logits = self._step(tables, keep=1)[:, -1].float()
+        for table, tokens in tables:
+            self._rows.pool.written(table, tokens)
         return order, logits
 
     @torch.inference_mode()
     def probe(self, last_tokens: Mapping[int, int]) -> None:
-        order = [slot for slot in self._slots.order() if slot in last_tokens]
-        with self._cache.selecting([self._slots.pos(slot) for slot in order]):
-            self._step(order, last_tokens)
+        # The step writes the rows' next slots but records nothing: the next real step overwrites them.
+        self._step([(self._rows.tables[slot], [token]) for slot, token in last_tokens.items()], keep=1)
 
-    def _step(self, order: list[int], last_tokens: Mapping[int, int]) -> torch.Tensor:
-        cache = self._cache
-        cache.ensure_room(1)
-        input_ids = torch.tensor([[last_tokens[slot]] for slot in order], device=self.device)
-        position_ids = torch.tensor([[n] for n in cache.active_lens], device=self.device)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=cache.attention_mask(extra=1),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        logits: torch.Tensor = out.logits[:, -1].float()
+    def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
+        cache = self._rows.cache
+        plan = cache.plan([(table, len(tokens)) for table, tokens in rows])
+        input_ids = torch.zeros((plan.rows, plan.queries), dtype=torch.long)
+        for row, (_, tokens) in enumerate(rows):
+            input_ids[row, plan.queries - len(tokens) :] = torch.tensor(tokens)
+        with cache.running(plan):
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                position_ids=plan.positions,
+                attention_mask=plan.mask,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        logits: torch.Tensor = out.logits
         return logits
+
+    def discard(self, job: PrefillJob) -> None:
+        self._rows.discard(job)
 
     @torch.inference_mode()
     def release(self, slot: int) -> None:
-        moved = self._cache.remove(self._slots.pos(slot))
-        self._slots.remove(slot, moved)
+        self._rows.release(slot)
+        self._free_slots.append(slot)
 
     def rows_in_use(self) -> int:
-        return len(self._slots)
+        return len(self._rows.tables)
 
 
-def _score(job: PrefillJob, logits: torch.Tensor, end: int) -> None:
-    """Appends the logprobs of the prompt tokens this chunk predicts (positions done+1 .. end, within the prompt)."""
-    targets = job.prompt_token_ids[job.done + 1 : end + 1]
+def _score(job: PrefillJob, logits: torch.Tensor, start: int, end: int) -> None:
+    """Appends the logprobs of the prompt tokens the chunk `start..end` predicts (start+1 .. end, within the prompt)."""
+    targets = job.prompt_token_ids[start + 1 : end + 1]
     if not targets:
         return
     logprobs = logits[: len(targets)].float().log_softmax(dim=-1)

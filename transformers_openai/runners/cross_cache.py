@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from transformers_openai.runners.kv_cache import OwnedLayer, RowSelection, grow_columns, zero_buffers
+from transformers_openai.runners.kv_cache import OwnedLayer, RowSelection
 
 
 class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
@@ -38,15 +38,17 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
 
 
 class CrossKVCache(Cache, RowSelection):
-    """Buffers `[max_rows, heads, capacity, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
+    """Buffers `[max_rows, heads, max_len, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
 
-    Row positions follow the self-attention cache's: a row is appended at the end and the last row
-    moves into the hole of a row that leaves.
+    A row is appended at the end and the last row moves into the hole of a row that leaves. The buffers are
+    allocated once, at the first row, and never grow (their size is set aside from the K/V budget); on a CPU the
+    rows never used take no memory.
     """
 
-    def __init__(self, num_layers: int, max_rows: int) -> None:
+    def __init__(self, num_layers: int, max_rows: int, max_len: int) -> None:
         self._layers_n = num_layers
         self.max_rows = max_rows
+        self.max_len = max_len
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.lens: list[int] = []
@@ -71,9 +73,12 @@ class CrossKVCache(Cache, RowSelection):
 
     def insert(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         length = layers[0][0].shape[-2]
+        if length > self.max_len:
+            raise ValueError(f"an encoder output of {length} positions; rows hold {self.max_len}")
+        if self.rows >= self.max_rows:
+            raise RuntimeError("no free cross-attention row")
         if not self.k:
-            self._allocate(layers[0][0], capacity=max(length, 16))
-        self._reserve(length)
+            self._allocate(layers[0][0])
         pos = self.rows
         for layer, (key, value) in enumerate(layers):
             for buffers, data in ((self.k, key), (self.v, value)):
@@ -82,24 +87,20 @@ class CrossKVCache(Cache, RowSelection):
         self.lens.append(length)
         return pos
 
-    def remove(self, pos: int) -> None:
+    def remove(self, pos: int) -> int | None:
+        """Frees the row at `pos`. Returns the old position of the row moved into its place, if any."""
         last = self.rows - 1
+        moved = None
         if pos != last:
+            moved = last
             for buffers in (self.k, self.v):
                 for buf in buffers:
                     buf[pos] = buf[last]
             self.lens[pos] = self.lens[last]
         self.lens.pop()
-        if not self.lens:
-            self.k, self.v = [], []
+        return moved
 
-    def _allocate(self, like: torch.Tensor, capacity: int) -> None:
-        self.k = zero_buffers(like, self._layers_n, self.max_rows, capacity)
-        self.v = zero_buffers(like, self._layers_n, self.max_rows, capacity)
-
-    def _reserve(self, needed: int) -> None:
-        capacity = self.k[0].shape[2]
-        if needed <= capacity:
-            return
-        grow_columns(self.k, max(needed, capacity * 2), keep=capacity)
-        grow_columns(self.v, max(needed, capacity * 2), keep=capacity)
+    def _allocate(self, like: torch.Tensor) -> None:
+        shape = (self.max_rows, like.shape[1], self.max_len, like.shape[3])
+        self.k = [like.new_empty(shape) for _ in range(self._layers_n)]
+        self.v = [like.new_empty(shape) for _ in range(self._layers_n)]

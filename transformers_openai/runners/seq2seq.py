@@ -7,34 +7,44 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
+from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.cross_cache import CrossKVCache
-from transformers_openai.runners.kv_cache import BatchKVCache, layer_tensors
+from transformers_openai.runners.kv_cache import layer_tensors
+from transformers_openai.runners.paged_cache import StepPlan
+from transformers_openai.runners.paged_rows import KVSpace, PagedRows, self_attention_geometry
 from transformers_openai.runners.slots import SlotTable
 
 
 class Seq2SeqRunner(OneByOnePrefill):
     """Encodes each request once at admission; decodes all rows together.
 
-    A row holds the request's decoder self-attention K/V (right-aligned, as for decoder-only models)
-    and its cross-attention K/V (left-aligned, masked by the encoder attention mask). Both are freed
-    when the row is released.
+    A row holds the request's decoder self-attention K/V (in the paged pool, as for decoder-only models; never
+    shared, as they depend on the input) and its cross-attention K/V (per row, left-aligned, masked by the encoder
+    attention mask; `max_rows` rows of the longest input are set aside from the K/V budget for them). Both are
+    freed when the row is released.
     """
 
     logits_processors: Sequence[LogitsProcessor] = ()
 
-    def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, max_input_len: int) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        max_rows: int,
+        max_model_len: int,
+        max_input_len: int,
+        kv: KVSpace | None = None,
+    ) -> None:
         self.model = model
         self.max_rows = max_rows
-        self.max_model_len = max_model_len
         self.max_input_len = max_input_len
         self.device = model.device
-        decoder_config = model.config.get_text_config(decoder=True)
-        layers = getattr(decoder_config, "num_decoder_layers", None) or decoder_config.num_hidden_layers
+        geometry = self_attention_geometry(model)
         self._start_token = _decoder_start_token(model)
         self._hidden_size = model.config.d_model if hasattr(model.config, "d_model") else model.config.hidden_size
-        self._self_cache = BatchKVCache(layers, max_rows, max_model_len)
-        self._cross_cache = CrossKVCache(layers, max_rows)
+        cross_bytes = max_rows * max_input_len * geometry.bytes_per_token
+        self._rows = PagedRows(model, max_rows, max_model_len + 1, kv, cross_bytes, shared_prefixes=False)
+        self.max_model_len = min(max_model_len, self._rows.token_capacity - 2)
+        self._cross_cache = CrossKVCache(geometry.layers, max_rows, max_input_len)
         self._slots = SlotTable(max_rows)
 
     def output_limit(self, prompt_len: int) -> int:
@@ -43,13 +53,28 @@ class Seq2SeqRunner(OneByOnePrefill):
     def prefill_overhead(self, job: PrefillJob) -> int:
         return len(job.encoder_inputs.get("input_ids", ()))  # the encoder pass over the input
 
+    def decoder_prompt(self, job: PrefillJob) -> list[int]:
+        """What the decoder reads before its first sampled token: its start token, then the request's prompt."""
+        return [self._start_token, *job.prompt_token_ids]
+
+    def reserve(self, job: PrefillJob) -> bool:
+        return self._rows.reserve(job, len(self.decoder_prompt(job)) + 1, reuse_prefix=False)
+
+    def grow(self) -> bool:
+        return self._rows.grow()
+
+    def kv_usage(self) -> KVUsage:
+        return self._rows.usage()
+
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
+        if job.kv is None and not self.reserve(job):
+            raise RuntimeError("the K/V pool has no room for this request")
         job.done = len(job.prompt_token_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         logits = self._prefill_forward(job, own_cache)
-        return self._join(own_cache), logits
+        return self._join(job, own_cache), logits
 
     def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
         """Encodes the request and runs the decoder's first step(s) into `own_cache`; returns next-token logits.
@@ -60,68 +85,74 @@ class Seq2SeqRunner(OneByOnePrefill):
         encoder_outputs = self.model.get_encoder()(input_ids=input_ids)
         out = self.model(
             encoder_outputs=encoder_outputs,
-            decoder_input_ids=torch.tensor([[self._start_token, *job.prompt_token_ids]], device=self.device),
+            decoder_input_ids=torch.tensor([self.decoder_prompt(job)], device=self.device),
             past_key_values=own_cache,
             use_cache=True,
         )
         logits: torch.Tensor = out.logits[0, -1].float()
         return logits
 
-    def _join(self, own_cache: EncoderDecoderCache) -> int:
+    def _join(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> int:
         """Moves a prefilled request's self- and cross-attention K/V into a new row; returns its slot."""
-        pos = self._self_cache.insert(layer_tensors(own_cache.self_attention_cache))
-        try:
-            if self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache)) != pos:
-                raise RuntimeError("self- and cross-attention rows out of step")
-        except Exception:
-            self._self_cache.remove(pos)  # the row's two halves join together or not at all
-            raise
-        return self._slots.add(pos)
+        self_layers = layer_tensors(own_cache.self_attention_cache)
+        table = job.kv
+        self._rows.cache.copy_in(table, self_layers, start=0)
+        self._rows.pool.written(table, [0] * self_layers[0][0].shape[-2])  # never shared: the ids are not kept
+        pos = self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache))
+        slot = self._slots.add(pos)
+        self._rows.join(slot, job)
+        return slot
 
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
         order = self._slots.order()
         logits = self._step(order, last_tokens)
-        self._self_cache.advance(1)
+        for slot in order:
+            self._rows.pool.written(self._rows.tables[slot], [last_tokens[slot]])
         return order, logits
 
     @torch.inference_mode()
     def probe(self, last_tokens: Mapping[int, int]) -> None:
+        # The step writes the rows' next slots but records nothing: the next real step overwrites them.
         order = [slot for slot in self._slots.order() if slot in last_tokens]
-        positions = [self._slots.pos(slot) for slot in order]
-        with self._self_cache.selecting(positions), self._cross_cache.selecting(positions):
+        with self._cross_cache.selecting([self._slots.pos(slot) for slot in order]):
             self._step(order, last_tokens)
 
     def _step(self, order: list[int], last_tokens: Mapping[int, int]) -> torch.Tensor:
-        self_cache, cross_cache = self._self_cache, self._cross_cache
-        self_cache.ensure_room(1)
+        self_cache, cross_cache = self._rows.cache, self._cross_cache
         rows = len(order)
+        plan = self_cache.plan([(self._rows.tables[slot], 1) for slot in order])
         cache = EncoderDecoderCache(self_cache, cross_cache)
         cache.is_updated = dict.fromkeys(range(len(cross_cache.layers)), True)  # cross K/V are cached already
         # The decoder reads only the shape of the encoder states (for its mask): the K/V come from the cache.
         shape_only = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
             rows, cross_cache.width, self._hidden_size
         )
-        out = self.model(
-            encoder_outputs=(shape_only,),
-            decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
-            decoder_attention_mask=self_cache.attention_mask(extra=1),
-            past_key_values=cache,
-            use_cache=True,
-            **self._step_inputs(),
-        )
+        with self_cache.running(plan):
+            out = self.model(
+                encoder_outputs=(shape_only,),
+                decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
+                decoder_attention_mask=plan.mask,
+                past_key_values=cache,
+                use_cache=True,
+                **self._step_inputs(plan),
+            )
         logits: torch.Tensor = out.logits[:, -1].float()
         return logits
 
-    def _step_inputs(self) -> dict[str, torch.Tensor]:
+    def _step_inputs(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         """What the model kind's decode step needs beside the tokens and caches: T5 masks padded encoder columns."""
         return {"attention_mask": self._cross_cache.encoder_mask()}
+
+    def discard(self, job: PrefillJob) -> None:
+        self._rows.discard(job)
+        job.state = None
 
     @torch.inference_mode()
     def release(self, slot: int) -> None:
         pos = self._slots.pos(slot)
-        moved = self._self_cache.remove(pos)
-        self._cross_cache.remove(pos)
+        moved = self._cross_cache.remove(pos)
+        self._rows.release(slot)
         self._slots.remove(slot, moved)
 
     def rows_in_use(self) -> int:

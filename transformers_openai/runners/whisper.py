@@ -10,6 +10,8 @@ import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
+from transformers_openai.runners.paged_cache import StepPlan
+from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
 
@@ -35,9 +37,10 @@ class WhisperRunner(Seq2SeqRunner):
         model: PreTrainedModel,
         max_rows: int,
         logits_processors: Sequence[LogitsProcessor] = (),
+        kv: KVSpace | None = None,
     ) -> None:
         config = model.config
-        super().__init__(model, max_rows, int(config.max_target_positions), int(config.max_source_positions))
+        super().__init__(model, max_rows, int(config.max_target_positions), int(config.max_source_positions), kv)
         self.logits_processors = logits_processors
         generation = model.generation_config
         self._sot = int(generation.decoder_start_token_id)
@@ -45,7 +48,7 @@ class WhisperRunner(Seq2SeqRunner):
         self._encoded: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     @classmethod
-    def with_rules(cls, model: PreTrainedModel, max_rows: int) -> WhisperRunner:
+    def with_rules(cls, model: PreTrainedModel, max_rows: int, kv: KVSpace | None = None) -> WhisperRunner:
         """A runner applying Whisper's decoding rules as the model's generation config states them."""
         generation = model.generation_config
         eot = generation.eos_token_id
@@ -56,7 +59,7 @@ class WhisperRunner(Seq2SeqRunner):
             begin_suppress=tuple(int(t) for t in generation.begin_suppress_tokens or ()),
             max_initial_timestamp_index=getattr(generation, "max_initial_timestamp_index", 50),
         )
-        return cls(model, max_rows, [WhisperRules(tokens, int(model.config.vocab_size), model.device)])
+        return cls(model, max_rows, [WhisperRules(tokens, int(model.config.vocab_size), model.device)], kv)
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
@@ -126,9 +129,11 @@ class WhisperRunner(Seq2SeqRunner):
         while len(self._encoded) > self.max_rows:
             self._encoded.popitem(last=False)
 
-    def _step_inputs(self) -> dict[str, torch.Tensor]:
-        positions = torch.tensor([[n] for n in self._self_cache.active_lens], device=self.device)
-        return {"decoder_position_ids": positions}
+    def decoder_prompt(self, job: PrefillJob) -> list[int]:
+        return job.prompt_token_ids  # the forced prefix starts with its own start token
+
+    def _step_inputs(self, plan: StepPlan) -> dict[str, torch.Tensor]:
+        return {"decoder_position_ids": plan.positions}
 
     @torch.inference_mode()
     def detect_language(
