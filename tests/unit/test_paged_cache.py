@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from transformers_openai.runners.block_pool import BlockPool, BlockTable
@@ -111,3 +112,69 @@ def test_copy_slots_duplicates_a_prefix_into_another_table() -> None:
     pool.written(target, [0] * 6)
     _, key1, _, reads = step(pool, cache, [(target, 1)], seed=1)
     assert torch.equal(reads[0][0][0], torch.cat([key[0], key1[0]], dim=1))
+
+
+# ----------------------------------------------------------------------------------------- grouped attention
+
+Q_HEADS = 4  # two query heads per K/V head, as in grouped-query attention
+
+
+def dense_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One row alone: `query` `[heads, n, dim]` are its last n tokens, `keys`/`values` `[kv heads, len, dim]` all of
+    them; causal. Returns `[n, heads, dim]`."""
+    n, length = query.shape[1], keys.shape[1]
+    k = keys.repeat_interleave(Q_HEADS // HEADS, dim=0)
+    v = values.repeat_interleave(Q_HEADS // HEADS, dim=0)
+    scores = query @ k.transpose(1, 2) / DIM**0.5
+    allowed = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(0, 1)
+
+
+def grouped_step(cache: PagedKVCache, pool: BlockPool, rows: list[tuple[BlockTable, int]], seed: int):
+    """A grouped step over layer 0: writes new K/V, attends; returns the plan, queries, new K/V and the output."""
+    for table, n in rows:
+        assert pool.grow(table, table.length + n)
+    plan = cache.plan(rows)
+    key, value = new_kv(len(rows), plan.queries, seed)
+    query = torch.randn(len(rows), Q_HEADS, plan.queries, DIM, generator=torch.Generator().manual_seed(seed + 100))
+    with cache.running(plan):
+        cache.layers[0].update(key, value)
+        out = cache.attend(0, query, None)
+    for table, n in rows:
+        pool.written(table, [0] * n)
+    return plan, query, key, value, out
+
+
+@pytest.mark.parametrize("padding", [0.25, 100.0])  # rows split by length, or all in one padded group
+def test_grouped_attention_equals_each_row_alone(padding: float) -> None:
+    geometry = KVGeometry(LAYERS, HEADS, DIM, torch.float32)
+    pool, cache = BlockPool(64, SIZE), PagedKVCache(geometry, 64, SIZE, torch.device("cpu"), group_padding=padding)
+    tables = [BlockTable(prefix_seed=None) for _ in range(3)]
+    history: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in tables]
+    # A prefill step of three very different prompts, a chunk beside decode tokens, then decode steps.
+    for seed, news in enumerate([[2, 30, 7], [1, 5, 1], [1, 1, 1], [1, 1, 1]]):
+        rows = list(zip(tables, news, strict=True))
+        plan, query, key, value, out = grouped_step(cache, pool, rows, seed)
+        assert (len(plan.groups) == 1) == (padding == 100.0)
+        assert out.shape == (3, plan.queries, Q_HEADS, DIM)
+        for r, n in enumerate(news):
+            history[r][0].append(key[r, :, plan.queries - n :])
+            history[r][1].append(value[r, :, plan.queries - n :])
+            keys, values = torch.cat(history[r][0], dim=1), torch.cat(history[r][1], dim=1)
+            expected = dense_attention(query[r, :, plan.queries - n :], keys, values)
+            torch.testing.assert_close(out[r, plan.queries - n :], expected, atol=1e-5, rtol=1e-5)
+            assert not out[r].isnan().any()  # padding queries too: no row of scores is all masked
+
+
+def test_groups_gather_only_their_own_columns() -> None:
+    geometry = KVGeometry(LAYERS, HEADS, DIM, torch.float32)
+    pool, cache = BlockPool(64, SIZE), PagedKVCache(geometry, 64, SIZE, torch.device("cpu"), group_padding=0.25)
+    short = [BlockTable(prefix_seed=None) for _ in range(3)]
+    long = BlockTable(prefix_seed=None)
+    grouped_step(cache, pool, [(t, 3) for t in short] + [(long, 100)], seed=0)
+    for table in [*short, long]:
+        assert pool.grow(table, table.length + 1)
+    plan = cache.plan([(t, 1) for t in [*short, long]])
+    assert plan.gather is None
+    assert sorted((g.width, g.gather.numel()) for g in plan.groups) == [(4, 12), (101, 101)]
+    assert plan.groups[0].mask is None  # equal lengths, one query each: every column is seen

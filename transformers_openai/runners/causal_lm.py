@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.paged_attention import use_paged_attention
 from transformers_openai.runners.paged_rows import KVSpace, PagedRows
 from transformers_openai.runners.prefill_groups import length_groups
 
@@ -24,7 +25,8 @@ class CausalLMRunner(OneByOnePrefill):
     """Prefills the prompts admitted in a step together, then decodes all rows together over one paged K/V pool.
 
     Every forward, prefill or decode, is one step of the `PagedKVCache`: each row adds its own number of tokens
-    after what its blocks already hold (a cached prefix of its prompt, earlier chunks). Prompts that fit whole in
+    after what its blocks already hold (a cached prefix of its prompt, earlier chunks). With plain causal attention
+    the model attends through `paged_attention` (rows in groups of similar lengths). Prompts that fit whole in
     their step share forwards in groups of similar lengths (identical prompts are computed once and their K/V
     copied); a prompt chunked over several steps, or one whose logprobs are scored, is prefilled alone.
     """
@@ -36,7 +38,9 @@ class CausalLMRunner(OneByOnePrefill):
         self.max_rows = max_rows
         self.device = model.device
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
-        self._rows = PagedRows(model, max_rows, max_model_len, kv)
+        grouped = use_paged_attention(model)
+        self._rows = PagedRows(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
+        self._paged_kv = {"paged_kv": self._rows.cache} if grouped else {}
         self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
         self._free_slots = list(range(max_rows - 1, -1, -1))
 
@@ -155,6 +159,7 @@ class CausalLMRunner(OneByOnePrefill):
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                **self._paged_kv,
             )
         logits: torch.Tensor = out.logits
         return logits

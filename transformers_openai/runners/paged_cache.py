@@ -2,10 +2,15 @@
 
 A step runs some rows, each adding its own number of new tokens (a prompt chunk, or one decode token). Before the
 forward, `plan` turns the rows' block tables into index tensors once; in the forward every layer then writes its
-new K/V into the rows' slots and reads each row back right-aligned (the newest token of every row in the last
-column, padding columns on the left reading the zero block), which is the layout transformers' causal-mask code
-expects from a left-padded batch. Memory follows the rows' own lengths; only the one layer being computed is
-padded to the longest row of the step, and that in one scratch buffer reused by every layer.
+new K/V into the rows' slots. Attention then reads them in one of two ways:
+
+- grouped (`paged_attention`, for models with plain causal attention): rows of similar lengths form groups, and
+  each group's attention gathers only its own columns (`attend`);
+- padded (any other attention): every row is read back right-aligned to the step's longest row (the newest token
+  of every row in the last column, padding columns on the left reading the zero block), the layout transformers'
+  mask code expects from a left-padded batch, in one scratch buffer reused by every layer.
+
+Memory held between steps follows the rows' own lengths either way.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
 from transformers_openai.runners.block_pool import NULL_BLOCK, BlockTable
 from transformers_openai.runners.kv_cache import OwnedLayer
+from transformers_openai.runners.prefill_groups import length_groups
 
 
 @dataclass(frozen=True)
@@ -36,12 +43,27 @@ class KVGeometry:
 
 
 @dataclass(frozen=True)
+class AttentionGroup:
+    """Rows of a step whose attention runs together over `width` columns, each row right-aligned.
+
+    `rows`: their places in the step (None: all rows, in order); `gather` `[rows x width]`: the pool slot of every
+    column; `mask` `[rows, 1, queries, width]`: which columns each query sees (None: all of them).
+    """
+
+    rows: torch.Tensor | None
+    width: int
+    gather: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """Index tensors of one step over `rows` rows: `queries` new positions per row (right-aligned), `width` columns.
 
     `mask` `[rows, width]` is 1 on each row's real columns; `positions` `[rows, queries]` are the new tokens' position
     ids (0 on padding); `write_slots` are the pool slots of the new tokens in row order, taken from the flattened
-    query grid at `write_from` (None when no row is padded); `gather` is the pool slot of every column.
+    query grid at `write_from` (None when no row is padded). Padded reading uses `gather`, the pool slot of every
+    column; grouped attention uses `groups`.
     """
 
     rows: int
@@ -51,7 +73,8 @@ class StepPlan:
     positions: torch.Tensor
     write_slots: torch.Tensor
     write_from: torch.Tensor | None
-    gather: torch.Tensor
+    gather: torch.Tensor | None
+    groups: tuple[AttentionGroup, ...] = ()
 
 
 class _PagedLayer(OwnedLayer):  # type: ignore[no-untyped-call]
@@ -69,13 +92,22 @@ class PagedKVCache(Cache):
     """The pool tensors `[heads, blocks x block_size, head_dim]` per layer and the step being run over them.
 
     Heads first: a row read back is `[heads, width, head_dim]` with each head's columns contiguous, as attention
-    kernels read them.
+    kernels read them. `group_padding` set: attention is grouped (`attend`), groups padded by at most that share of
+    their real columns; None: rows are read back padded.
     """
 
-    def __init__(self, geometry: KVGeometry, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        group_padding: float | None = None,
+    ) -> None:
         self.geometry = geometry
         self.block_size = block_size
         self.device = device
+        self.group_padding = group_padding
         shape = (geometry.heads, num_blocks * block_size, geometry.head_dim)
         # Untouched pages of an `empty` CPU tensor take no memory: the process grows as blocks are first used.
         self._k = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.layers)]
@@ -100,20 +132,29 @@ class PagedKVCache(Cache):
         for i, (table, _) in enumerate(rows):
             blocks[i, : len(table.blocks)] = torch.tensor(table.blocks)
 
-        def slots(token: torch.Tensor) -> torch.Tensor:
-            """Pool slots of token positions `[rows, k]`; negative positions read the zero block."""
+        def slots(token: torch.Tensor, held: torch.Tensor = blocks) -> torch.Tensor:
+            """Pool slots of token positions `[rows, k]` of rows holding `held`; negative positions read the zero
+            block."""
             real = token >= 0
             token = token.clamp(min=0)
-            found = blocks.gather(1, torch.div(token, size, rounding_mode="floor")) * size + token % size
+            found = held.gather(1, torch.div(token, size, rounding_mode="floor")) * size + token % size
             return torch.where(real, found, NULL_BLOCK * size)
 
         columns = torch.arange(width)
-        gather = slots(columns[None, :] - (width - total[:, None]))
         step = torch.arange(queries)[None, :] - (queries - new[:, None])  # query j's place among the row's new
         fresh = step >= 0
         write_slots = slots(lengths[:, None] + step)[fresh]
         write_from = None if bool(fresh.all()) else fresh.flatten().nonzero()[:, 0]
         device = self.device
+        gather: torch.Tensor | None = None
+        groups: tuple[AttentionGroup, ...] = ()
+        if self.group_padding is None:
+            gather = slots(columns[None, :] - (width - total[:, None])).flatten().to(device)
+        else:
+            groups = tuple(
+                self._group(torch.tensor(members), total, queries, slots, blocks)
+                for members in length_groups(total.tolist(), self.group_padding)
+            )
         return StepPlan(
             rows=len(rows),
             queries=queries,
@@ -122,8 +163,25 @@ class PagedKVCache(Cache):
             positions=(lengths[:, None] + step).clamp(min=0).to(device),
             write_slots=write_slots.to(device),
             write_from=None if write_from is None else write_from.to(device),
-            gather=gather.flatten().to(device),
+            gather=gather,
+            groups=groups,
         )
+
+    def _group(self, members: torch.Tensor, total: torch.Tensor, queries: int, slots, blocks) -> AttentionGroup:  # type: ignore[no-untyped-def]
+        """The attention group of rows `members` (of the step's rows with `total` tokens each after the step)."""
+        total = total[members]
+        width = int(total.max())
+        position = torch.arange(width)[None, :] - (width - total[:, None])  # each column's token position
+        gather = slots(position, blocks[members]).flatten().to(self.device)
+        mask = None
+        if queries > 1 or bool((total != width).any()):
+            # Query j is token `total - queries + j`; it sees the row's tokens up to itself. Padding queries (a row
+            # with fewer new tokens than the step's most) see up to token 0 at least, so no row of scores is empty.
+            last_seen = (total[:, None] - queries + torch.arange(queries)[None, :]).clamp(min=0)
+            visible = (position[:, None, :] >= 0) & (position[:, None, :] <= last_seen[:, :, None])
+            mask = visible[:, None].to(self.device)
+        everyone = len(members) == len(blocks) and bool((members == torch.arange(len(blocks))).all())
+        return AttentionGroup(None if everyone else members.to(self.device), width, gather, mask)
 
     @contextmanager
     def running(self, plan: StepPlan) -> Iterator[None]:
@@ -139,6 +197,13 @@ class PagedKVCache(Cache):
         if plan is None:
             raise RuntimeError("the paged K/V cache was used outside a planned step")
         heads, dim = key.shape[1], key.shape[3]
+        if plan.gather is None:  # grouped attention reads the pool itself
+            for pool, new in ((self._k[layer], key), (self._v[layer], value)):
+                flat = new.transpose(0, 1).reshape(heads, plan.rows * plan.queries, dim)
+                if plan.write_from is not None:
+                    flat = flat.index_select(1, plan.write_from)
+                pool.index_copy_(1, plan.write_slots, flat)
+            return key, value
         scratch = self._scratch
         if scratch is None or scratch[0].dtype != key.dtype:
             shape = (heads, plan.rows * plan.width, dim)
@@ -152,6 +217,29 @@ class PagedKVCache(Cache):
             torch.index_select(pool, 1, plan.gather, out=out)
             read.append(out.view(heads, plan.rows, plan.width, dim).transpose(0, 1))
         return read[0], read[1]
+
+    def attend(self, layer: int, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+        """Attention of the step's queries `[rows, heads, queries, dim]` over layer `layer`'s pool, group by group;
+        returns `[rows, queries, heads, dim]` (what transformers' attention functions return)."""
+        plan = self._plan
+        if plan is None or plan.gather is not None:
+            raise RuntimeError("grouped attention outside a step planned for it")
+        keys, values = self._k[layer], self._v[layer]
+        heads, dim = keys.shape[0], keys.shape[2]
+        out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+        for group in plan.groups:
+            rows = group.gather.numel() // group.width
+            k = keys.index_select(1, group.gather).view(heads, rows, group.width, dim).transpose(0, 1)
+            v = values.index_select(1, group.gather).view(heads, rows, group.width, dim).transpose(0, 1)
+            q = query if group.rows is None else query.index_select(0, group.rows)
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=group.mask, scale=scaling, enable_gqa=q.shape[1] != heads
+            ).transpose(1, 2)
+            if group.rows is None:
+                out.copy_(attended)
+            else:
+                out.index_copy_(0, group.rows, attended)
+        return out
 
     def copy_in(self, table: BlockTable, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], start: int) -> None:
         """Writes a single-request cache's K/V (`[1, heads, len, dim]` per layer) at `start..` of `table`."""

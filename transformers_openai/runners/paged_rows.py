@@ -53,6 +53,7 @@ class PagedRows:
         space: the budget; None sizes the pool for `max_rows` rows of `max_len` tokens (never short).
         reserved_bytes: memory the runner keeps outside the pool (cross-attention K/V), taken from the budget.
         shared_prefixes: whether full blocks are cached by content and reused by later prompts.
+        group_padding: set when the model's attention reads the pool in groups (see `PagedKVCache`).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class PagedRows:
         space: KVSpace | None,
         reserved_bytes: int = 0,
         shared_prefixes: bool = True,
+        group_padding: float | None = None,
     ) -> None:
         geometry = self_attention_geometry(model)
         block_size = space.block_size if space else DEFAULT_BLOCK_SIZE
@@ -78,7 +80,7 @@ class PagedRows:
                     f"takes {block_bytes / 2**20:.2f} MiB"
                 )
         self.pool = BlockPool(num_blocks, block_size)
-        self.cache = PagedKVCache(geometry, num_blocks, block_size, model.device)
+        self.cache = PagedKVCache(geometry, num_blocks, block_size, model.device, group_padding)
         self.tables: dict[int, BlockTable] = {}  # running rows by slot, in the order they joined
         self._seed: bytes | None = b"" if shared_prefixes else None
         logger.info(
