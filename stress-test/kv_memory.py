@@ -5,8 +5,9 @@ once to an engine built exactly as the server builds it (`load_serving_context` 
 flags say otherwise), each generating `--max-tokens` tokens (`ignore_eos`). It runs in process, without HTTP.
 
 Reported: resident memory (RSS) idle after loading and its peak during the run (CPU), and on CUDA
-`torch.cuda.max_memory_allocated` after loading and during the run; plus an estimate of the K/V the live tokens
-need (layers x 2 x K/V heads x head dim x bytes x tokens at the peak), to compare with what the cache holds.
+`torch.cuda.max_memory_allocated` after loading and during the run; an estimate of the K/V the live tokens
+need (layers x 2 x K/V heads x head dim x bytes x tokens at the peak), to compare with what the cache holds; and,
+where the runner has a paged K/V pool, its size and the most blocks held at once, and the preemptions.
 
 Example:
     python stress-test/kv_memory.py --model .cache/models/smollm2-135m-instruct
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     flags = {"model": str(args.model), "device": args.device, "dtype": args.dtype, "torch_threads": args.threads}
     if args.max_batch_size:
         flags["max_batch_size"] = args.max_batch_size
+    if args.kv_cache_memory:
+        flags["kv_cache_memory"] = args.kv_cache_memory
     settings = Settings(**flags)
     context = load_serving_context(settings)
     core = context.engine._core  # driven synchronously here: no engine thread is started
@@ -82,12 +85,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = [list(short) for _ in range(args.short)] + [long_prompt(tokenizer, args.long_tokens)]
     for i, ids in enumerate(prompts):
         core.add(EngineRequest(f"r{i}", ids, params))
-    live_peak = 0
+    live_peak = blocks_peak = preemptions = 0
     start = time.perf_counter()
     while core.has_work():
         core.step()
         running = core.scheduler.running.values()
         live_peak = max(live_peak, sum(seq.prompt_len + len(seq.output_ids) for seq in running))
+        if hasattr(runner, "kv_usage"):
+            blocks_peak = max(blocks_peak, runner.kv_usage().blocks_used)
+        preemptions = max(preemptions, max((seq.preemptions for seq in running), default=0))
     elapsed = time.perf_counter() - start
     report: dict[str, Any] = {
         "model": args.model.name,
@@ -101,12 +107,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "live_kv_gb_at_peak": round(live_peak * kv_bytes_per_token(model) / 1e9, 3),
         "seconds": round(elapsed, 1),
     }
+    if hasattr(runner, "kv_usage"):
+        usage = runner.kv_usage()
+        block_size = settings.kv_block_size
+        report["kv_pool"] = {
+            "blocks": usage.blocks_total,
+            "block_size": block_size,
+            "gb": round(usage.blocks_total * block_size * kv_bytes_per_token(model) / 1e9, 3),
+            "peak_blocks_used": blocks_peak,
+            "peak_gb_used": round(blocks_peak * block_size * kv_bytes_per_token(model) / 1e9, 3),
+            "most_preemptions_of_one_request": preemptions,
+        }
     if cuda:
         report["cuda_max_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
@@ -115,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-tokens", type=int, default=3000, help="the long prompt's tokens (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens generated per request (default: %(default)s)")
     p.add_argument("--max-batch-size", type=int, default=0, help="0: the server's default")
+    p.add_argument("--kv-cache-memory", help="the server's --kv-cache-memory (default: the server's default)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--out", type=Path, help="also write the report as JSON here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     sys.path.insert(0, str(REPO_ROOT))
     report = run(args)
     text = json.dumps(report, indent=2)
