@@ -194,3 +194,32 @@ def test_whisper_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llam
         assert tokens[req.request_id] == whisper_reference(model, features, prefix)
     assert observer.preemptions > 0
     assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+
+
+def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama_tokenizer) -> None:
+    """A chunked prompt whose logprobs are asked for holds its blocks while prefilling; the row decoding beside it
+    needs a block, the prompt (the newest request) is taken back, and starts over when there is room."""
+    runner = CausalLMRunner(llama, max_rows=2, max_model_len=64, kv=space(llama, 10))
+    observer = Steps()
+    core = EngineCore(runner, llama_tokenizer, Scheduler(2, 16, max_prefill_tokens=2), frozenset(), observer)
+    running = EngineRequest("running", list(range(10, 14)), greedy(12))
+    core.add(running)
+    core.step()  # prefilled (one block of 4 and one for what follows), decoding
+    prompt = list(range(40, 67))  # 27 tokens (and one more): 7 blocks, all the pool leaves; 2 prefilled a step
+    scored = EngineRequest("scored", prompt, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0))
+    core.add(scored)
+    outputs: dict[str, list] = {"running": [], "scored": []}
+    while core.has_work():
+        for output in core.step():
+            assert output.error is None, output.error
+            outputs[output.request_id].append(output)
+    assert observer.preemptions >= 1
+    got = outputs["scored"][0].prompt_logprobs
+    assert got is not None and len(got) == len(prompt)
+    with torch.inference_mode():
+        expected = llama(torch.tensor([prompt])).logits[0].log_softmax(-1)
+    for position, entry in enumerate(got[1:], start=1):
+        assert entry.token_id == prompt[position]
+        assert entry.logprob == pytest.approx(float(expected[position - 1, prompt[position]]), abs=1e-4)
+    assert sum(o.completion_tokens for o in outputs["scored"][-1:]) == 2
+    assert runner.kv_usage().blocks_used == 0

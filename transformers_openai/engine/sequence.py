@@ -71,11 +71,13 @@ class Sequence:
 
     def preempt(self) -> None:
         """Its row was taken back: it will be prefilled again, over its prompt and the tokens it has so far."""
-        earlier = self.prefill
-        self.prefill = PrefillJob(
-            [*self.request.prompt_token_ids, *self.output_ids], self.request.encoder_inputs, info=earlier.info
-        )
-        self.prefill.prompt_scores = earlier.prompt_scores
+        earlier, request = self.prefill, self.request
+        if self.output_ids:  # its prompt was scored already, and reported with its first token
+            self.prefill = PrefillJob([*request.prompt_token_ids, *self.output_ids], request.encoder_inputs,
+                                      info=earlier.info)
+        else:  # taken back mid-prefill: it starts over, prompt scoring included
+            self.prefill = PrefillJob(request.prompt_token_ids, request.encoder_inputs,
+                                      prompt_logprobs=request.params.prompt_logprobs)
         self.slot = None
         self.preemptions += 1
 
