@@ -46,6 +46,9 @@ class Metrics:
         self.kv_blocks_free = gauge(
             "kv_cache_blocks_free", "K/V pool blocks free to take (cached prefixes nobody holds included)."
         )
+        self.kv_blocks_cached = gauge(
+            "kv_cache_blocks_cached", "Free K/V blocks keeping a prefix for reuse until the pool needs them."
+        )
         self.preemptions = counter(
             "num_preemptions_total", "Requests preempted (K/V blocks freed, recomputed later) when the pool was full."
         )
@@ -88,6 +91,7 @@ class Metrics:
             self.kv_usage.labels(model).set(kv.blocks_used / kv.blocks_total if kv.blocks_total else 0.0)
             self.kv_blocks_used.labels(model).set(kv.blocks_used)
             self.kv_blocks_free.labels(model).set(kv.blocks_total - kv.blocks_used)
+            self.kv_blocks_cached.labels(model).set(kv.blocks_cached)
             for total, counter, seen in (
                 (kv.prefix_queries, self.prefix_queries, "queries"),
                 (kv.prefix_hits, self.prefix_hits, "hits"),

@@ -75,5 +75,6 @@ def test_a_burst_beyond_the_budget_completes_with_the_same_greedy_outputs(
     assert metric(metrics, "num_preemptions_total") > 0
     assert metric(metrics, "kv_cache_blocks_used") == 0
     assert metric(metrics, "kv_cache_blocks_free") == BLOCKS
+    assert 0 < metric(metrics, "kv_cache_blocks_cached") <= BLOCKS  # the answers' full blocks, kept for reuse
     state = budget_server.engine_state()
     assert state["kv_blocks_used"] == 0 and state["rows_in_use"] == 0

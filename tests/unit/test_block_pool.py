@@ -89,9 +89,11 @@ def test_cached_blocks_are_evicted_oldest_first_when_free_ones_run_out() -> None
     pool.release(filled(pool, old))
     pool.release(filled(pool, new))
     assert pool.used == 0 and pool.available == 4  # cached blocks count as available
+    assert pool.cached == 2  # the one full block of each, kept for reuse
     # Three blocks: the 2 free ones, then the oldest cached block (the one holding `old`).
     taker = BlockTable(prefix_seed=None)
     assert pool.grow(taker, 3 * SIZE)
+    assert pool.cached == 1
     assert pool.match_prefix(BlockTable(), [*old, 0]) == 0
     assert pool.match_prefix(probe := BlockTable(), [*new, 0]) == SIZE
     pool.release(probe)

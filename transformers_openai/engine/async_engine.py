@@ -31,6 +31,7 @@ class EngineStats:
     waiting: int
     rows_in_use: int
     kv_blocks_used: int  # K/V cache blocks held by requests (cached prefixes nobody holds are free)
+    kv_blocks_cached: int  # free blocks keeping a prefix for reuse until the pool needs them
     in_flight: int
 
 
@@ -75,11 +76,13 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         scheduler = self._core.scheduler
+        kv = self._core.runner.kv_usage()
         return EngineStats(
             running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),
             rows_in_use=self._core.runner.rows_in_use(),
-            kv_blocks_used=self._core.runner.kv_usage().blocks_used,
+            kv_blocks_used=kv.blocks_used,
+            kv_blocks_cached=kv.blocks_cached,
             in_flight=len(self._streams),
         )
 

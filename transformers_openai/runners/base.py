@@ -44,6 +44,7 @@ class KVUsage:
 
     blocks_used: int
     blocks_total: int
+    blocks_cached: int = 0  # of the free ones, those keeping a prefix for reuse
     prefix_queries: int = 0
     prefix_hits: int = 0
 

@@ -64,6 +64,11 @@ class BlockPool:
     def used(self) -> int:
         return self.usable - self.available
 
+    @property
+    def cached(self) -> int:
+        """Blocks nobody holds whose content the prefix cache keeps (taken for new blocks only when none is free)."""
+        return len(self._cached)
+
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 

@@ -138,6 +138,7 @@ class PagedRows:
         return KVUsage(
             blocks_used=pool.used,
             blocks_total=pool.usable,
+            blocks_cached=pool.cached,
             prefix_queries=pool.prefix_queries,
             prefix_hits=pool.prefix_hits,
         )
