@@ -76,6 +76,7 @@ def test_metrics_move_with_traffic_disconnects_and_429(guarded: ServerProcess) -
             rejected = await client.post(url, json=long_body)
             assert rejected.status_code == 429
             await read_chunks(responses[0], limit=2)  # stops reading: closes the connection
+            await read_chunks(responses[1], limit=1)  # the second running one after its first token
             for s in streams:  # all three disconnect mid-stream (one of them while queued)
                 await s.__aexit__(None, None, None)
         deadline = time.monotonic() + 20
