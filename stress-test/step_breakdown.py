@@ -91,25 +91,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--json-rows", type=int, default=0, help="rows bound to a JSON schema (structured output)")
+    parser.add_argument(
+        "--weights", default="packed", help="comma-separated: packed (the server's CPU default), plain (nn.Linear); "
+        "several are measured interleaved, batch by batch (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers_openai.packed_linear import pack_linear_layers
+
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
-    model = model.to(args.device).eval()
+    models = {}
+    for weights in args.weights.split(","):
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
+        model = model.to(args.device).eval()
+        if weights == "packed" and args.device == "cpu" and not pack_linear_layers(model):
+            parser.error("this CPU or torch build cannot pack the weights for oneDNN")
+        models[weights] = model
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
     sampling += f", {args.json_rows} rows bound to a JSON schema" if args.json_rows else ""
     print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each, "
           f"{sampling}")
-    print("| batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|")
+    print("| weights | batch | forward ms | sample ms | output ms | total ms | tok/s |\n|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
-        ms = breakdown(model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p, args.json_rows)
-        rate = batch / ms["total"] * 1e3
-        cells = " | ".join(f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total"))
-        print(f"| {batch} | {cells} | {rate:.0f} |")
+        for weights, model in models.items():
+            ms = breakdown(model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p, args.json_rows)
+            rate = batch / ms["total"] * 1e3
+            cells = " | ".join(f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total"))
+            print(f"| {weights} | {batch} | {cells} | {rate:.0f} |")
     return 0
 
 

@@ -25,6 +25,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
+from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
@@ -160,6 +161,8 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     if not settings.device_map:  # with a device map, accelerate has placed the layers already
         model.to(device)
     model.eval()
+    if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
+        logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)

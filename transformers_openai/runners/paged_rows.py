@@ -41,8 +41,9 @@ def self_attention_geometry(model: PreTrainedModel) -> KVGeometry:
     for module in decoder.modules():
         head_dim = getattr(module, "head_dim", None) or getattr(module, "key_value_proj_dim", None)
         keys = getattr(module, "k_proj", None) or getattr(module, "k", None)
-        if isinstance(head_dim, int) and isinstance(keys, torch.nn.Linear):
-            return KVGeometry(int(layers), keys.out_features // head_dim, head_dim, model.dtype)
+        width = getattr(keys, "out_features", None)  # an nn.Linear, or its packed stand-in
+        if isinstance(head_dim, int) and isinstance(keys, torch.nn.Module) and isinstance(width, int):
+            return KVGeometry(int(layers), width // head_dim, head_dim, model.dtype)
     raise TypeError(f"no attention module with k_proj/k and head_dim found in {type(model).__name__}")
 
 

@@ -1,0 +1,114 @@
+"""How often two ways of running one model give the same greedy answer: float32 vs bfloat16, plain vs packed weights.
+
+Every prompt of the benchmark's chat mix (`compare.py`) and the load tool's (`loadclient.py`) is answered greedily
+(`generate`, one prompt at a time, `--max-tokens` new tokens, EOS allowed) by each variant; the report gives the
+share of identical answers and, for the others, the first position where they part.
+
+A variant is `DTYPE:WEIGHTS`, WEIGHTS being `plain` (`nn.Linear`) or `packed` (the server's CPU default, see
+`transformers_openai/packed_linear.py`). Example:
+
+    python stress-test/greedy_agreement.py --reference float32:plain --candidate float32:packed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from compare import DEFAULT_MODEL  # noqa: E402 - the stress-test folder is this script's own
+from compare import PROMPTS as CHAT_PROMPTS  # noqa: E402
+from loadclient import PROMPTS as LOAD_PROMPTS  # noqa: E402
+
+
+def load(model_dir: Path, variant: str, device: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from transformers_openai.packed_linear import pack_linear_layers
+
+    dtype_name, weights = variant.split(":")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name)).to(device).eval()
+    if weights == "packed" and not pack_linear_layers(model):
+        raise SystemExit(f"{variant}: this CPU or torch build cannot pack {dtype_name} weights")
+    return model
+
+
+def answers(model: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for ids in prompts:
+            prompt = torch.tensor([ids], device=model.device)
+            generated = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_tokens, do_sample=False
+            )
+            out.append(generated[0, len(ids) :].tolist())
+    return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--reference", default="float32:plain", help="DTYPE:WEIGHTS (default: %(default)s)")
+    parser.add_argument("--candidate", default="float32:packed", help="DTYPE:WEIGHTS (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, help="JSON report (default: stress-test/results/agreement-<time>.json)")
+    args = parser.parse_args(argv)
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for text in (*CHAT_PROMPTS, *LOAD_PROMPTS)
+    ]
+    results = {}
+    for variant in (args.reference, args.candidate):
+        start = time.perf_counter()
+        results[variant] = answers(load(args.model, variant, args.device), prompts, args.max_tokens)
+        print(f"{variant}: {len(prompts)} answers in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    parted = [first_difference(a, b) for a, b in zip(results[args.reference], results[args.candidate], strict=True)]
+    differing = [p for p in parted if p is not None]
+    report = {
+        "model": args.model.name,
+        "reference": args.reference,
+        "candidate": args.candidate,
+        "max_tokens": args.max_tokens,
+        "prompts": len(prompts),
+        "identical": len(prompts) - len(differing),
+        "identical_share": round((len(prompts) - len(differing)) / len(prompts), 3),
+        "first_difference_positions": sorted(differing),
+        "median_first_difference": statistics.median(differing) if differing else None,
+    }
+    print(f"{args.candidate} vs {args.reference}, {args.model.name}, {len(prompts)} prompts, greedy, "
+          f"{args.max_tokens} tokens: {report['identical']} identical ({report['identical_share']:.0%}); "
+          f"the others part at tokens {sorted(differing)}")
+    out = args.out or REPO_ROOT / "stress-test" / "results" / f"agreement-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Linear layers packed for oneDNN compute what `nn.Linear` does, and a packed model serves as the plain one does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, WhisperForConditionalGeneration
+
+from tests.model_factory import build_tiny_t5, cache_root
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.request import EngineRequest
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.packed_linear import PackedLinear, can_pack, pack_linear_layers
+from transformers_openai.runners.causal_lm import CausalLMRunner
+
+torch.set_num_threads(1)
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.float32), reason="this torch build has no oneDNN packed linear")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(7,), (1, 7), (16, 7), (2, 5, 7), (3, 1, 7)])
+def test_a_packed_layer_computes_what_the_plain_one_does(bias: bool, shape: tuple[int, ...]) -> None:
+    linear = torch.nn.Linear(7, 11, bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        packed, plain = PackedLinear(linear)(x), linear(x)
+    assert packed.shape == plain.shape == (*shape[:-1], 11)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def plain_and_packed(tiny_llama_dir: Path):
+    plain = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    packed = copy.deepcopy(plain)
+    linears = sum(type(m) is torch.nn.Linear for m in plain.modules())
+    assert pack_linear_layers(packed) == linears > 0
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    return plain, packed
+
+
+def test_a_packed_model_gives_the_plain_models_logits(plain_and_packed) -> None:
+    plain, packed = plain_and_packed
+    ids = torch.randint(0, plain.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_greedy_on_a_packed_model_equals_its_generate_alone(plain_and_packed, tiny_llama_dir: Path) -> None:
+    _, packed = plain_and_packed
+    runner = CausalLMRunner(packed, max_rows=4, max_model_len=256)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    core = EngineCore(runner, tokenizer, Scheduler(max_running=4, max_waiting=8), frozenset())
+    prompts = [[5 + i for i in range(n)] for n in (3, 19, 8, 30, 12, 1)]
+    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0)
+    for i, prompt in enumerate(prompts):
+        core.add(EngineRequest(f"r{i}", prompt, params))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while core.has_work():
+        for output in core.step():
+            tokens[output.request_id].extend(output.token_ids)
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        expected = packed.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
+                                   do_sample=False)[0, len(prompt):].tolist()
+        assert tokens[f"r{i}"] == expected, i
+
+
+def _packed_copy(model: torch.nn.Module) -> torch.nn.Module:
+    packed = copy.deepcopy(model)
+    assert pack_linear_layers(packed) > 0
+    return packed
+
+
+def test_a_packed_t5_gives_the_plain_models_logits() -> None:
+    """T5's feed-forward reads `wo.weight.dtype`: the packed layer answers it and the logits stay the same."""
+    plain = AutoModelForSeq2SeqLM.from_pretrained(build_tiny_t5(cache_root() / "tiny-t5"), dtype=torch.float32).eval()
+    packed = _packed_copy(plain)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, plain.config.vocab_size, (2, 13), generator=generator)
+    decoder_ids = torch.randint(0, plain.config.vocab_size, (2, 5), generator=generator)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(input_ids=ids, decoder_input_ids=decoder_ids).logits,
+                                   plain(input_ids=ids, decoder_input_ids=decoder_ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> None:
+    plain = WhisperForConditionalGeneration.from_pretrained(whisper_dir, dtype=torch.float32).eval()
+    packed = _packed_copy(plain)
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(1, plain.config.num_mel_bins, 3000, generator=generator)
+    decoder_ids = torch.tensor([[plain.config.decoder_start_token_id, 50362, 464, 3290]])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(input_features=features, decoder_input_ids=decoder_ids).logits,
+                                   plain(input_features=features, decoder_input_ids=decoder_ids).logits,
+                                   rtol=1e-3, atol=1e-3)
