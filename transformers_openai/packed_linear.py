@@ -2,16 +2,19 @@
 
 A model's `nn.Linear` multiplies through MKL's general matrix product, which packs the weight for the CPU's
 vector units on every call. With a decode batch of a few rows that packing is a large share of the work: at 16
-rows and 2 threads SmolLM2's output projection (576 x 49,152) takes 26 ms as `nn.Linear` and 10 ms packed once
+rows and 2 threads a 576 x 49,152 projection takes about 30 ms as `nn.Linear` and 11 ms packed once
 (`stress-test/step_breakdown.py --weights plain,packed` shows the whole step). oneDNN's packed linear is the one
 torch's own CPU compiler uses for frozen weights (`mkldnn._linear_pointwise`); results differ from MKL's only by
-float rounding.
-"""
+float rounding. Memory does not grow: each packed copy replaces its plain weight, and a weight shared with another
+module (an output layer tied to the embeddings) is not copied."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
-from typing import cast
+import mmap
+import sys
+from typing import Any, cast
 
 import torch
 
@@ -63,14 +66,95 @@ def can_pack(dtype: torch.dtype) -> bool:
     return bool(torch.allclose(packed.float(), plain.float(), rtol=tolerance, atol=tolerance))
 
 
+class SharedWeightLinear(torch.nn.Module):
+    """A linear layer whose weight is also another module's (an output layer tied to the input embeddings).
+
+    Packing it would keep a second copy of the table (113 MB for SmolLM2), so it stays plain; for the few rows of a
+    decode step it multiplies `W x^T` instead of `x W^T`, the product MKL runs fast on a tall row-major weight
+    (SmolLM2's 49,152 x 576 output layer, 16 rows, 2 threads: about 20 ms instead of 30).
+    """
+
+    FEW_ROWS = 64  # above this, x W^T is as fast or faster
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight  # the same Parameter: the tie stays
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > self.FEW_ROWS:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        y = (self.weight @ rows.T).T.contiguous()
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Replaces every `nn.Linear` of a CPU model by a `PackedLinear`; returns how many (0 when it cannot)."""
+    """Packs every `nn.Linear` of a CPU model whose weight is its own (a tied output layer becomes a
+    `SharedWeightLinear`); returns how many were packed (0 when it cannot)."""
     dtype = next(model.parameters()).dtype
     if not can_pack(dtype):
         return 0
-    # By name, one at a time: each plain weight can go as soon as its packed copy is made.
+    owners: dict[int, int] = {}
+    for _, parameter in model.named_parameters(remove_duplicate=False):
+        owners[id(parameter)] = owners.get(id(parameter), 0) + 1
     names = [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
+    mapped = FileMappedPages()
+    packed = 0
+    # By name, one at a time: each plain weight goes as soon as its packed copy is made.
     with torch.no_grad():
         for name in names:
-            model.set_submodule(name, PackedLinear(cast(torch.nn.Linear, model.get_submodule(name))))
-    return len(names)
+            linear = cast(torch.nn.Linear, model.get_submodule(name))
+            if owners[id(linear.weight)] > 1:
+                model.set_submodule(name, SharedWeightLinear(linear))
+                continue
+            model.set_submodule(name, PackedLinear(linear))
+            mapped.release(linear.weight)
+            packed += 1
+    return packed
+
+
+class FileMappedPages:
+    """Gives back the pages of weights read from a memory-mapped file (safetensors) once they are not needed.
+
+    The map stays open while any tensor of it lives (the embeddings), so the pages of every packed weight would
+    stay resident beside their packed copies: twice the model's size at load. Dropping the pages that lie wholly
+    inside a dropped weight (`madvise(MADV_DONTNEED)`; a file page read again would come back from the file)
+    keeps the load at about one copy. Only file-backed maps are touched, and only on Linux.
+    """
+
+    MADV_DONTNEED = 4
+
+    def __init__(self) -> None:
+        self._files: list[tuple[int, int]] = []
+        self._madvise: Any = None
+        if sys.platform != "linux":
+            return
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split()
+                    if len(fields) >= 6 and fields[5].startswith("/"):
+                        start, end = (int(address, 16) for address in fields[0].split("-"))
+                        self._files.append((start, end))
+            self._madvise = ctypes.CDLL(None, use_errno=True).madvise
+        except (OSError, AttributeError) as exc:
+            logger.debug("file-mapped weight pages stay resident: %s", exc)
+            self._files = []
+        self._page = mmap.PAGESIZE
+
+    def release(self, tensor: torch.Tensor) -> None:
+        if not self._files or not tensor.is_contiguous():
+            return
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        if not any(low <= start and end <= high for low, high in self._files):
+            return
+        first = -(-start // self._page) * self._page  # whole pages only: neighbours keep theirs
+        last = end // self._page * self._page
+        if last > first:
+            self._madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), self.MADV_DONTNEED)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.packed_linear import PackedLinear, can_pack, pack_linear_layers
+from transformers_openai.packed_linear import PackedLinear, SharedWeightLinear, can_pack, pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -31,6 +32,47 @@ def test_a_packed_layer_computes_what_the_plain_one_does(bias: bool, shape: tupl
         packed, plain = PackedLinear(linear)(x), linear(x)
     assert packed.shape == plain.shape == (*shape[:-1], 11)
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 16, SharedWeightLinear.FEW_ROWS + 1])
+def test_a_shared_weight_layer_computes_what_the_plain_one_does(bias: bool, rows: int) -> None:
+    linear = torch.nn.Linear(24, 300, bias=bias)
+    x = torch.randn(rows, 2, 24)
+    with torch.inference_mode():
+        shared, plain = SharedWeightLinear(linear)(x), linear(x)
+    assert shared.shape == plain.shape == (rows, 2, 300)
+    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+
+
+def _resident_bytes_of(path: Path) -> int:
+    """Resident bytes of this process's memory maps of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                inside = len(fields) >= 6 and fields[5] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pages of file maps are given back on Linux only")
+def test_packing_gives_back_the_file_pages_of_the_packed_weights(tiny_llama_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    weights = (tiny_llama_dir / "model.safetensors").resolve()
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))  # every weight read once: its pages resident
+    linear_bytes = sum(m.weight.nbytes for m in model.modules() if type(m) is torch.nn.Linear)
+    other_bytes = sum(p.nbytes for n, p in model.named_parameters() if not n.endswith("proj.weight")
+                      and not n.startswith("lm_head"))
+    before = _resident_bytes_of(weights)
+    assert before >= linear_bytes  # the map is there, its pages resident
+    assert pack_linear_layers(model) > 0
+    after = _resident_bytes_of(weights)
+    pages_at_edges = 2 * 4096 * sum(1 for _ in model.parameters())
+    assert after <= other_bytes + pages_at_edges < before
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +133,8 @@ def test_a_packed_t5_gives_the_plain_models_logits() -> None:
 def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> None:
     plain = WhisperForConditionalGeneration.from_pretrained(whisper_dir, dtype=torch.float32).eval()
     packed = _packed_copy(plain)
+    assert isinstance(packed.proj_out, SharedWeightLinear)  # tied to the decoder's embeddings: kept, not copied
+    assert packed.proj_out.weight is packed.model.decoder.embed_tokens.weight
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(1, plain.config.num_mel_bins, 3000, generator=generator)
     decoder_ids = torch.tensor([[plain.config.decoder_start_token_id, 50362, 464, 3290]])
