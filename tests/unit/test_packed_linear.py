@@ -45,15 +45,19 @@ def test_a_shared_weight_layer_computes_what_the_plain_one_does(bias: bool, rows
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
 
 
-def _resident_bytes_of(path: Path) -> int:
-    """Resident bytes of this process's memory maps of `path` (/proc/self/smaps)."""
-    total, inside = 0, False
+def _resident_bytes_of(path: Path, model: torch.nn.Module) -> int:
+    """Resident bytes of the maps of `path` that hold `model`'s tensors (/proc/self/smaps): other tests of the
+    same process may have mapped the same file for their own models."""
+    addresses = [t.data_ptr() for t in (*model.parameters(), *model.buffers()) if t.layout == torch.strided]
+    total, counted = 0, False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-                inside = len(fields) >= 6 and fields[5] == str(path)
-            elif inside and fields[0] == "Rss:":
+                start, end = (int(address, 16) for address in fields[0].split("-"))
+                counted = (len(fields) >= 6 and fields[5] == str(path)
+                           and any(start <= address < end for address in addresses))
+            elif counted and fields[0] == "Rss:":
                 total += int(fields[1]) * 1024
     return total
 
@@ -67,10 +71,10 @@ def test_packing_gives_back_the_file_pages_of_the_packed_weights(tiny_llama_dir:
     linear_bytes = sum(m.weight.nbytes for m in model.modules() if type(m) is torch.nn.Linear)
     other_bytes = sum(p.nbytes for n, p in model.named_parameters() if not n.endswith("proj.weight")
                       and not n.startswith("lm_head"))
-    before = _resident_bytes_of(weights)
+    before = _resident_bytes_of(weights, model)
     assert before >= linear_bytes  # the map is there, its pages resident
     assert pack_linear_layers(model) > 0
-    after = _resident_bytes_of(weights)
+    after = _resident_bytes_of(weights, model)
     pages_at_edges = 2 * 4096 * sum(1 for _ in model.parameters())
     assert after <= other_bytes + pages_at_edges < before
 
