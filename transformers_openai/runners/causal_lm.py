@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.paged_attention import use_paged_attention
 from transformers_openai.runners.paged_rows import KVSpace, PagedRows
 from transformers_openai.runners.prefill_groups import length_groups
@@ -41,6 +42,7 @@ class CausalLMRunner(OneByOnePrefill):
         grouped = use_paged_attention(model)
         self._rows = PagedRows(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
         self._paged_kv = {"paged_kv": self._rows.cache} if grouped else {}
+        self._cache_keyword = cache_keyword(model)
         self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
         self._free_slots = list(range(max_rows - 1, -1, -1))
 
@@ -156,9 +158,9 @@ class CausalLMRunner(OneByOnePrefill):
                 input_ids=input_ids.to(self.device),
                 position_ids=plan.positions,
                 attention_mask=plan.mask,
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                **{self._cache_keyword: cache},
                 **self._paged_kv,
             )
         logits: torch.Tensor = out.logits

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword `module.forward` takes its K/V cache by: `cache` from transformers 5.24 on (which still takes
+    `past_key_values`, with a warning, until 5.40), `past_key_values` before it."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def layer_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -9,7 +9,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.cross_cache import CrossKVCache
-from transformers_openai.runners.kv_cache import layer_tensors
+from transformers_openai.runners.kv_cache import cache_keyword, layer_tensors
 from transformers_openai.runners.paged_cache import StepPlan
 from transformers_openai.runners.paged_rows import KVSpace, PagedRows, self_attention_geometry
 from transformers_openai.runners.slots import SlotTable
@@ -46,6 +46,7 @@ class Seq2SeqRunner(OneByOnePrefill):
         self.max_model_len = min(max_model_len, self._rows.token_capacity - 2)
         self._cross_cache = CrossKVCache(geometry.layers, max_rows, max_input_len)
         self._slots = SlotTable(max_rows)
+        self._cache_keyword = cache_keyword(model)
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len
@@ -86,8 +87,8 @@ class Seq2SeqRunner(OneByOnePrefill):
         out = self.model(
             encoder_outputs=encoder_outputs,
             decoder_input_ids=torch.tensor([self.decoder_prompt(job)], device=self.device),
-            past_key_values=own_cache,
             use_cache=True,
+            **{self._cache_keyword: own_cache},
         )
         logits: torch.Tensor = out.logits[0, -1].float()
         return logits
@@ -133,8 +134,8 @@ class Seq2SeqRunner(OneByOnePrefill):
                 encoder_outputs=(shape_only,),
                 decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
                 decoder_attention_mask=plan.mask,
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_keyword: cache},
                 **self._step_inputs(plan),
             )
         logits: torch.Tensor = out.logits[:, -1].float()

@@ -10,6 +10,7 @@ import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
+from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.paged_cache import StepPlan
 from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -46,6 +47,7 @@ class WhisperRunner(Seq2SeqRunner):
         self._sot = int(generation.decoder_start_token_id)
         self._no_speech = _no_speech_token(generation)
         self._encoded: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._model_cache_keyword = cache_keyword(model.model)  # the prefill calls the encoder-decoder without its head
 
     @classmethod
     def with_rules(cls, model: PreTrainedModel, max_rows: int, kv: KVSpace | None = None) -> WhisperRunner:
@@ -102,8 +104,8 @@ class WhisperRunner(Seq2SeqRunner):
         out = self.model.model(
             encoder_outputs=(encoded,),
             decoder_input_ids=torch.tensor([prefix], device=self.device),
-            past_key_values=own_cache,
             use_cache=True,
+            **{self._model_cache_keyword: own_cache},
         )
         # Logits only where they are read: after <|startoftranscript|> (no-speech) and after the prefix.
         sot_index = prefix.index(self._sot) if self._sot in prefix else 0
