@@ -415,20 +415,36 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float | None]:
+def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float]:
+    """The ratios one repetition's rows allow: each server's scaling from the lowest to the highest concurrency and
+    against the `generate` loop, and ours against each other target (throughput, and a burst's last first token)."""
+
+    def row(target: str, conc: int) -> Row | None:
+        return next((r for r in rows if r.target == target and r.concurrency == conc), None)
+
     def tps(target: str, conc: int) -> float | None:
-        row = next((r for r in rows if r.target == target and r.concurrency == conc), None)
-        return None if row is None else row.output_tok_s or row.audio_s_per_s
+        found = row(target, conc)
+        return None if found is None else found.output_tok_s or found.audio_s_per_s
+
+    def ttft_max(target: str) -> float | None:
+        found = row(target, hi)
+        return None if found is None else found.ttft_max_ms
 
     lo, hi = min(concurrency), max(concurrency)
     base = tps("generate-loop", 1)
-    out: dict[str, float | None] = {}
-    for target in ("server", "transformers-serve"):
-        a, b = tps(target, hi), tps(target, lo)
-        out[f"{target} c{hi} / {target} c{lo}"] = round(a / b, 2) if a and b else None
-        out[f"{target} c{hi} / generate-loop"] = round(a / base, 2) if a and base else None
-    ours, peer = tps("server", hi), tps("transformers-serve", hi)
-    out[f"server c{hi} / transformers-serve c{hi}"] = round(ours / peer, 2) if ours and peer else None
+    out: dict[str, float] = {}
+
+    def put(name: str, a: float | None, b: float | None) -> None:
+        if a and b:
+            out[name] = round(a / b, 2)
+
+    for target in ("server", "transformers-serve", "baseline"):
+        if hi != lo:
+            put(f"{target} c{hi} / {target} c{lo}", tps(target, hi), tps(target, lo))
+        put(f"{target} c{hi} / generate-loop", tps(target, hi), base)
+    for peer in ("transformers-serve", "baseline"):
+        put(f"server c{hi} / {peer} c{hi}", tps("server", hi), tps(peer, hi))
+        put(f"server c{hi} slowest first token / {peer}'s", ttft_max("server"), ttft_max(peer))
     return out
 
 
@@ -495,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in new:
                 row.repeat = rep
             rows.extend(new)
-    ratio: dict[str, float | None] = {}
+    ratio: dict[str, float] = {}
     for rep in range(1, args.repeat + 1):
         suffix = f" (repetition {rep})" if args.repeat > 1 else ""
         mine = [row for row in rows if row.repeat == rep]
@@ -503,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     print()
     for name, value in ratio.items():
-        print(f"- {name}: {'-' if value is None else value}")
+        print(f"- {name}: {value}")
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "clips"}
     config["clips"] = [{"name": clip.name, "seconds": round(clip.seconds, 2)} for clip in args.clips]
     versions = {pkg: version(pkg) for pkg in ("torch", "transformers", "httpx")} | {"python": sys.version.split()[0]}

@@ -17,6 +17,7 @@ import pytest
 STRESS_DIR = Path(__file__).resolve().parents[2] / "stress-test"
 sys.path.insert(0, str(STRESS_DIR))  # the tools are scripts in a folder, not a package
 
+import compare  # noqa: E402
 import loadclient  # noqa: E402
 import loadgen  # noqa: E402
 import loadlevels  # noqa: E402
@@ -83,6 +84,27 @@ def test_summarize_empty_level() -> None:
     summary = loadstats.summarize_level("rate", 0.5, [])
     assert summary["requests"] == 0 and summary["output_tokens_per_s"] is None and summary["e2e_ms"]["n"] == 0
     assert "| 0.5 | 0 | 0 | - |" in loadstats.markdown_table([summary])
+
+
+def test_compare_ratios_name_only_what_the_rows_allow() -> None:
+    rows = [
+        compare.Row("server", 16, output_tok_s=120.0, ttft_max_ms=900.0),
+        compare.Row("baseline", 16, output_tok_s=80.0, ttft_max_ms=3000.0),
+        compare.Row("transformers-serve", 16, note="unavailable"),
+    ]
+    # One level: no level against itself; the baseline is compared, a target without figures is not.
+    assert compare.ratios(rows, [16]) == {
+        "server c16 / baseline c16": 1.5,
+        "server c16 slowest first token / baseline's": 0.3,
+    }
+    rows += [compare.Row("server", 1, output_tok_s=20.0), compare.Row("generate-loop", 1, output_tok_s=16.0)]
+    assert compare.ratios(rows, [1, 16]) == {
+        "server c16 / server c1": 6.0,
+        "server c16 / generate-loop": 7.5,
+        "baseline c16 / generate-loop": 5.0,
+        "server c16 / baseline c16": 1.5,
+        "server c16 slowest first token / baseline's": 0.3,
+    }
 
 
 def test_stream_timer_parses_sse() -> None:
