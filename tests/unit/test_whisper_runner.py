@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -177,3 +178,14 @@ def test_windows_admitted_together_share_one_encoder_call_and_fail_alone(model) 
         assert not isinstance(outcome, Exception) and outcome is not None
         expected = reference(model, features, prefix, [])[0]
         torch.testing.assert_close(outcome[1], expected, rtol=0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_prefill_hands_the_cache_over_under_the_keyword_the_model_takes(model) -> None:
+    # The prefill calls the encoder-decoder without its head (`model.model`): its keyword is read from that module.
+    runner = WhisperRunner(model, max_rows=2)
+    features, prefix = WINDOWS[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner.prefill(PrefillJob(prefix, {"input_features": features}), 10_000)
+    assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []
