@@ -117,8 +117,6 @@ class Metrics:
     def on_finished(self, request: FinishedRequest) -> None:
         model = self._model
         self.success.labels(model, request.finish_reason).inc()
-        if request.client_disconnected:
-            self.disconnected.labels(model).inc()
         if request.time_to_first_token_s is not None:
             self.ttft.labels(model).observe(request.time_to_first_token_s)
         self.e2e.labels(model).observe(request.e2e_latency_s)
@@ -134,6 +132,9 @@ class Metrics:
 
     def on_rejected(self) -> None:
         self.rejected.labels(self._model).inc()
+
+    def on_client_disconnected(self) -> None:
+        self.disconnected.labels(self._model).inc()
 
     def on_stream_stalled(self) -> None:
         self.stalled.labels(self._model).inc()

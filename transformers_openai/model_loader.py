@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -31,7 +32,9 @@ from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
+from transformers_openai.serving.audio import warm_up_decoder
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
+from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.serving.tool_formats import FORMATS, detect_format
@@ -143,8 +146,26 @@ def encoder_input_length(config: PretrainedConfig, tokenizer: Any) -> int:
     return int(getattr(config, "n_positions", None) or _DEFAULT_CONTEXT)
 
 
+class StartupPhases:
+    """Where start-up spends its time, for one log line."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._start = self._last = time.perf_counter()
+
+    def done(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in self.seconds.items())
+        return f"{self._last - self._start:.1f}s ({parts})"
+
+
 def load_serving_context(settings: Settings, observer: EngineObserver | None = None) -> ServingContext:
     """Everything a served model needs, built from the settings (runs in a worker thread)."""
+    phases = StartupPhases()
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
@@ -154,6 +175,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
+    phases.done("config and tokenizer")
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
     model = spec.model_class.from_pretrained(
         settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
@@ -161,8 +183,10 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     if not settings.device_map:  # with a device map, accelerate has placed the layers already
         model.to(device)
     model.eval()
+    phases.done("weights")
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
+        phases.done("packing")
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
@@ -174,6 +198,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
             kv_space.bytes / 2**20, runner.max_model_len, max_len,
         )
         max_len = runner.max_model_len
+    phases.done("K/V cache")
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
@@ -186,6 +211,22 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         else FORMATS[settings.tool_call_parser]
     )
     speech = _speech_model(settings, model, tokenizer, observer) if Capability.SPEECH in spec.capabilities else None
+    structured = StructuredOutputs(tokenizer) if Capability.TEXT in spec.capabilities else None
+    # What a first request would otherwise build while others stream (the engine thread waits for the GIL).
+    if structured is not None:
+        structured.warm_up()
+    if speech is not None:
+        warm_up_decoder(speech.sampling_rate)
+    phases.done("warm-up")
+    limits = PromptLimits(
+        max_messages=settings.max_chat_messages,
+        max_content_parts=settings.max_content_parts,
+        max_prompt_tokens=max_input_len or max_len,
+        max_token_chars=tokenizer_service.longest_token_chars(),
+        max_sequences=scheduler.capacity,
+    )
+    phases.done("prompt limits")
+    logger.info("start-up took %s", phases.summary())
     return ServingContext(
         engine=AsyncEngine(core),
         tokenizer=tokenizer_service,
@@ -199,8 +240,9 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         capabilities=spec.capabilities,
         speech=speech,
         encoder_decoder=spec.text_encoder,
-        structured=StructuredOutputs(tokenizer) if Capability.TEXT in spec.capabilities else None,
+        structured=structured,
         tool_format=tool_format,
+        prompt_limits=limits,
     )
 
 

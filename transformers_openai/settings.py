@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
     )
+    max_chat_messages: int = Field(
+        2048, ge=1, description="Most messages one chat request may have (OpenAI's limit); more get 400."
+    )
+    max_content_parts: int = Field(
+        4096, ge=1, description="Most content parts the messages of one chat request may have together; more get 400."
+    )
     max_audio_bytes: int = Field(
         25 * 1024 * 1024, ge=1024, description="Largest audio file accepted by /v1/audio/*; larger ones get 413."
     )

@@ -5,19 +5,25 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformers_openai.api.errors import error_response
+from transformers_openai.api.heap import HeapTrimmer
 from transformers_openai.serving.errors import BadRequestError, OpenAIError, PayloadTooLargeError
 
 
 class BodySizeLimit:
     """Reads the body up to the limit (by Content-Length when declared, by counting when chunked), then replays it.
 
-    Multipart forms (audio uploads) have their own, larger limit, `max_form_bytes`.
+    Multipart forms (audio uploads) have their own, larger limit, `max_form_bytes`. After a body of at least
+    `trim_after_bytes` is answered, the heap memory it freed is given back to the system.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_form_bytes: int | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_form_bytes: int | None = None, trim_after_bytes: int = 1024 * 1024
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_form_bytes = max_form_bytes or max_bytes
+        self.trim_after_bytes = trim_after_bytes
+        self._trim = HeapTrimmer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,8 +55,13 @@ class BodySizeLimit:
             error = BadRequestError("the request body is not UTF-8 encoded JSON", code="invalid_encoding")
             await self._reject(scope, receive, send, error)
             return
+        large = size >= self.trim_after_bytes
         whole: Message = {"type": "http.request", "body": body, "more_body": False}
+        del body, chunks
         await self.app(scope, _replay(whole, receive), send)
+        if large:
+            del whole
+            self._trim()
 
     async def _reject(
         self, scope: Scope, receive: Receive, send: Send, error: OpenAIError | None = None, limit: int = 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.sse import sse_response
+from transformers_openai.api.sse import StreamEnds, sse_response
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol import (
     ChatCompletionRequest,
@@ -39,6 +39,26 @@ def _state(request: Request) -> AppState:
     return state
 
 
+async def _chat_limits(request: Request) -> None:
+    """Cheap limits on the raw body, before FastAPI validates it (runs as a dependency, after the JSON parse)."""
+    limits = _state(request).context().prompt_limits
+    if limits is not None:
+        limits.check_chat(await _json_body(request))
+
+
+async def _completion_limits(request: Request) -> None:
+    limits = _state(request).context().prompt_limits
+    if limits is not None:
+        limits.check_completion(await _json_body(request))
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()  # FastAPI parsed it already: the parse is cached
+    except ValueError:
+        return None  # not JSON: validation answers that
+
+
 def disconnect_waiter(request: Request) -> WaitDisconnect:
     async def wait() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -57,6 +77,7 @@ async def respond(request: Request, create: Create, text_media_type: str = "text
     try:
         result = await create(disconnect_waiter(request), request_id)
     except ClientDisconnected:
+        request.app.state.metrics.on_client_disconnected()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):
         return JSONResponse(result.model_dump())
@@ -64,7 +85,9 @@ async def respond(request: Request, create: Create, text_media_type: str = "text
         return Response(result, media_type=text_media_type)
     app = request.app
     stall_timeout_s = app.state.settings.stream_stall_timeout
-    return sse_response(result, request_id or "-", stall_timeout_s, app.state.metrics.on_stream_stalled)
+    metrics = app.state.metrics
+    ends = StreamEnds(on_stall=metrics.on_stream_stalled, on_disconnect=metrics.on_client_disconnected)
+    return sse_response(result, request_id or "-", stall_timeout_s, ends)
 
 
 async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
@@ -108,11 +131,17 @@ def _get(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Callable[...,
 def build_router() -> APIRouter:
     router = APIRouter()
 
-    @router.post("/chat/completions", responses=_generation_responses(ChatCompletionResponse))
+    @router.post(
+        "/chat/completions",
+        responses=_generation_responses(ChatCompletionResponse),
+        dependencies=[Depends(_chat_limits)],
+    )
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().chat, body, request)
 
-    @router.post("/completions", responses=_generation_responses(CompletionResponse))
+    @router.post(
+        "/completions", responses=_generation_responses(CompletionResponse), dependencies=[Depends(_completion_limits)]
+    )
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
-from transformers_openai.serving.errors import to_openai_error
+from transformers_openai.serving.errors import ServiceUnavailableError, to_openai_error
 
 logger = logging.getLogger(__name__)
 
@@ -18,22 +19,30 @@ logger = logging.getLogger(__name__)
 PING_INTERVAL_S = 15
 
 
+@dataclass(frozen=True)
+class StreamEnds:
+    """Who is told how a stream ended early, once each (the metrics)."""
+
+    on_stall: Callable[[], None]
+    on_disconnect: Callable[[], None]
+
+
 class _EventStream(EventSourceResponse):
     """An SSE response whose client must take each event within `stall_timeout_s` seconds.
 
-    A client that stops reading would otherwise hold its batch row while the answer piles up in memory:
-    when one send (an event or a ping) blocks that long, sse-starlette closes the event generator, which
-    aborts the engine request, and raises SendTimeoutError out of the response; here it becomes one
-    warning and `on_stall()`, not an application error. A stream cut short otherwise was a disconnect.
+    A client that stops reading has its row paused by the engine's flow control soon; when one send (an event
+    or a ping) blocks this long, sse-starlette closes the event generator, which aborts the engine request, and
+    raises SendTimeoutError out of the response: here it becomes one warning and `on_stall()`, not an
+    application error. A stream cut short otherwise was a disconnect: one warning and `on_disconnect()`.
     """
 
     def __init__(
-        self, chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, on_stall: Callable[[], None]
+        self, chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, ends: StreamEnds
     ) -> None:
         super().__init__(self._events(chunks), ping=PING_INTERVAL_S, sep="\n", send_timeout=stall_timeout_s)
         self._request_id = request_id
         self._stall_timeout_s = stall_timeout_s
-        self._on_stall = on_stall
+        self._ends = ends
         self._complete = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,10 +55,11 @@ class _EventStream(EventSourceResponse):
                 self._request_id,
                 self._stall_timeout_s,
             )
-            self._on_stall()
+            self._ends.on_stall()
             return
         if not self._complete:
             logger.warning("request %s: client disconnected mid-stream; aborted", self._request_id)
+            self._ends.on_disconnect()
 
     async def _events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[ServerSentEvent]:
         try:
@@ -57,8 +67,8 @@ class _EventStream(EventSourceResponse):
                 yield ServerSentEvent(data=chunk.model_dump_json())
         except Exception as exc:  # the status line is sent already: report in-band
             error = to_openai_error(exc)
-            if error.status_code >= 500:
-                logger.exception("stream failed")
+            if error.status_code >= 500 and not isinstance(error, ServiceUnavailableError):
+                logger.exception("stream failed")  # a shutdown is not a failure: the server logs it once
             yield ServerSentEvent(data=error.body().model_dump_json())
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
@@ -67,7 +77,7 @@ class _EventStream(EventSourceResponse):
 
 
 def sse_response(
-    chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, on_stall: Callable[[], None]
+    chunks: AsyncIterator[BaseModel], request_id: str, stall_timeout_s: float, ends: StreamEnds
 ) -> EventSourceResponse:
     """Streams `chunks`; `request_id` names the request in the log lines of a stall or a disconnect."""
-    return _EventStream(chunks, request_id, stall_timeout_s, on_stall)
+    return _EventStream(chunks, request_id, stall_timeout_s, ends)

@@ -43,6 +43,17 @@ def decode_audio(data: bytes, sampling_rate: int, max_seconds: float, filename: 
     return samples
 
 
+def warm_up_decoder(sampling_rate: int) -> None:
+    """Decodes a short generated clip once, resampling it, so that the first upload does not pay for loading and
+    compiling the decoders (librosa's first call takes seconds)."""
+    import soundfile
+
+    rate = 22050 if sampling_rate != 22050 else 44100
+    clip = io.BytesIO()
+    soundfile.write(clip, np.sin(np.linspace(0, 440 * 2 * np.pi, rate)).astype(np.float32), rate, format="WAV")
+    decode_audio(clip.getvalue(), sampling_rate, max_seconds=60.0)
+
+
 def _with_libsndfile(data: bytes, sampling_rate: int) -> np.ndarray | None:
     """wav, flac, ogg/vorbis/opus and mp3 through libsndfile; None for what it cannot read."""
     import librosa

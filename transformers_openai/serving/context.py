@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.serving.tool_formats import HERMES, ToolFormat
@@ -84,3 +85,4 @@ class ServingContext:
     encoder_decoder: bool = False
     structured: StructuredOutputs | None = None  # response_format's schemas and forced tool calls (text models)
     tool_format: ToolFormat = HERMES  # how the model writes tool calls
+    prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else

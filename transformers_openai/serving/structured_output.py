@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,10 +17,13 @@ from typing import Any
 
 import llguidance.hf
 import llguidance.torch
+import numpy as np
 import torch
 from llguidance import LLMatcher
 
 from transformers_openai.serving.errors import BadRequestError
+
+logger = logging.getLogger(__name__)
 
 # Distinct schemas whose compiled grammar is kept.
 GRAMMAR_CACHE_SIZE = 256
@@ -35,9 +39,18 @@ class GrammarConstraint:
 
     def mask(self, logits: torch.Tensor) -> None:
         llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        row = logits[: self._vocab].unsqueeze(0)
-        llguidance.torch.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
+        # Token i is allowed when bit i % 32 of little-endian word i // 32 is set: the words' bytes unpacked
+        # little-endian first are the tokens in order. Not llguidance's own helper: a torch.compile kernel,
+        # compiled on first use (seconds) and again whenever its guards change (another thread, inference mode),
+        # each time on the engine thread.
+        words = self._bitmask[0].numpy().view(np.uint8)
+        allowed = torch.from_numpy(np.unpackbits(words, bitorder="little")[: self._vocab])
+        logits[: self._vocab].masked_fill_(allowed.to(device=logits.device) == 0, float("-inf"))
         logits[self._vocab :] = float("-inf")  # the model's padding beyond the tokenizer's vocabulary
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
 
     def advance(self, token_id: int) -> None:
         if not self._matcher.consume_token(token_id):
@@ -52,9 +65,21 @@ class StructuredOutputs:
 
     def __init__(self, tokenizer: Any) -> None:
         self._hf_tokenizer = copy.deepcopy(tokenizer)  # read only here, never beside the encoding threads' copy
-        self._tokenizer: Any = None  # llguidance's view of it, made at the first structured request
+        self._tokenizer: Any = None  # llguidance's view of it, made by `warm_up` or the first structured request
         self._grammars: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        """Builds llguidance's view of the tokenizer, one grammar and its first token mask now (at start-up), so
+        that the first structured request does not: the view takes a quarter of a second with SmolLM2's
+        vocabulary, holding the GIL the engine thread needs while streams run."""
+        try:
+            constraint = self.constraints({"type": "object"}, 1, "response_format")[0]
+        except BadRequestError as exc:  # e.g. a slow tokenizer: each structured request will get this 400
+            logger.info("structured outputs are not available: %s", exc.message)
+            return
+        constraint.mask(torch.zeros(constraint.vocab_size))
+
 
     def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""

@@ -4,28 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import queue
 import threading
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import jinja2
 import jinja2.meta
 
 from transformers_openai.serving.errors import BadRequestError
 
+T = TypeVar("T")
+
+# Prompts rendered and tokenized at once: each worker thread has its own copy of the tokenizer.
+DEFAULT_WORKERS = 4
+
 
 class TokenizerService:
     """Wraps a transformers tokenizer for the handlers.
 
-    Encoding runs in a worker thread under a lock: a fast tokenizer must not be used from two
-    threads at once, and rendering a long chat must not block the event loop.
+    Rendering and encoding run in a small pool of worker threads, each task with a copy of the tokenizer of its
+    own (a fast tokenizer must not be used from two threads at once): a long chat being rendered never blocks the
+    event loop, nor the prompts of other requests, which go to the other workers. The copies are made here, at
+    start-up: a copy made later would hold the GIL for a tenth of a second while streams run.
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, workers: int = DEFAULT_WORKERS) -> None:
         self._tokenizer = tokenizer
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the original tokenizer: for markers and decode_now
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         self.vocab_size = len(tokenizer)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
+        self._copies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(workers):
+            self._copies.put(copy.deepcopy(tokenizer))
         # Single tokens' texts (logprobs) are looked up on the event loop: from a copy of the tokenizer only that
         # thread uses, so no lookup waits for the lock a long chat rendering holds, and each token decoded once.
         self._single = copy.deepcopy(tokenizer)
@@ -67,13 +82,34 @@ class TokenizerService:
                 "or use /v1/completions",
                 param="messages",
             )
-        return await asyncio.to_thread(self._render_chat, messages, tools)
+        return await self._in_pool(self._render_chat, messages, tools)
 
     async def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return await asyncio.to_thread(self._encode, text, add_special_tokens)
+        return await self._in_pool(self._encode, text, add_special_tokens)
 
     async def decode(self, token_ids: list[int]) -> str:
-        return await asyncio.to_thread(self._decode, token_ids)
+        return await self._in_pool(self._decode, token_ids)
+
+    def longest_token_chars(self) -> int:
+        """The most characters one token of the vocabulary decodes to (bounds how few tokens a text can take)."""
+        with self._lock:
+            tokens = self._tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+            return max((len(self._tokenizer.convert_tokens_to_string([t])) for t in tokens if t), default=1)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    @contextmanager
+    def _own(self) -> Iterator[Any]:
+        """A copy of the tokenizer no other thread uses meanwhile (there is one per worker)."""
+        tokenizer = self._copies.get()
+        try:
+            yield tokenizer
+        finally:
+            self._copies.put(tokenizer)
 
     def token_text(self, token_id: int) -> str:
         """A token's text, for logprobs; call it from the event loop only."""
@@ -83,23 +119,25 @@ class TokenizerService:
         return text
 
     def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        with self._lock:
+        with self._own() as tokenizer:
             try:
-                text = self._tokenizer.apply_chat_template(
+                text = tokenizer.apply_chat_template(
                     messages, tools=tools or None, add_generation_prompt=True, tokenize=False
                 )
             except Exception as exc:  # template errors are the request's fault (e.g. role order)
-                raise BadRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+                message = f"the chat template rejected these messages: {exc}"
+                raise BadRequestError(message, param="messages") from exc
+            return list(tokenizer.encode(text, add_special_tokens=False))
 
     def decode_now(self, token_ids: list[int]) -> str:
         """Decodes on the calling thread (one that may block: not the event loop)."""
-        return self._decode(token_ids)
-
-    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        with self._lock:
-            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def _decode(self, token_ids: list[int]) -> str:
         with self._lock:
             return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
+
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        with self._own() as tokenizer:
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        with self._own() as tokenizer:
+            return str(tokenizer.decode(token_ids, skip_special_tokens=False))

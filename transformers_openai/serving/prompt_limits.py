@@ -1,0 +1,106 @@
+"""Cheap limits on a prompt, read from the request's raw JSON before it is validated, templated or tokenized.
+
+A 10 MB body of 300,000 empty messages costs seconds of validation and rendering and hundreds of MB before
+the context limit can refuse it; counting its messages and characters costs microseconds. What passes here
+still meets every exact check later: these limits only refuse what could never be served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers_openai.serving.errors import BadRequestError
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """Args:
+    max_messages: messages a chat may have (`--max-chat-messages`).
+    max_content_parts: content parts all of a chat's messages may have together (`--max-content-parts`).
+    max_prompt_tokens: the most tokens a prompt can ever have (the context, or an encoder's input limit).
+    max_token_chars: the most characters one token of the vocabulary stands for, so a text of more than
+        `max_prompt_tokens * max_token_chars` characters cannot fit in any tokenization.
+    max_sequences: sequences the engine holds at once (running and waiting): completions' prompts times `n`.
+    """
+
+    max_messages: int
+    max_content_parts: int
+    max_prompt_tokens: int
+    max_token_chars: int
+    max_sequences: int
+
+    @property
+    def max_chars(self) -> int:
+        return self.max_prompt_tokens * max(1, self.max_token_chars)
+
+    def check_chat(self, body: Any) -> None:
+        """Refuses a chat body over a limit; anything malformed is left to validation."""
+        if not isinstance(body, dict):
+            return
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return
+        if len(messages) > self.max_messages:
+            raise BadRequestError(
+                f"'messages' has {len(messages)} messages; this server takes at most {self.max_messages} "
+                "(--max-chat-messages)",
+                param="messages",
+                code="too_many_messages",
+            )
+        parts = chars = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                parts += len(content)
+                chars += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if parts > self.max_content_parts:
+            raise BadRequestError(
+                f"the messages have {parts} content parts together; this server takes at most "
+                f"{self.max_content_parts} (--max-content-parts)",
+                param="messages",
+                code="too_many_content_parts",
+            )
+        self._check_chars(chars, "messages")
+
+    def check_completion(self, body: Any) -> None:
+        """Refuses a completions body whose prompts could never be served; the rest is left to validation."""
+        if not isinstance(body, dict):
+            return
+        prompt = body.get("prompt")
+        n = body.get("n")
+        choices = n if isinstance(n, int) and n > 0 else 1
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) * choices > self.max_sequences:
+                raise BadRequestError(
+                    f"{len(prompt)} prompts with n={choices} need {len(prompt) * choices} sequences, but the server "
+                    f"holds at most {self.max_sequences} at once (--max-batch-size plus --max-queue)",
+                    param="prompt",
+                )
+            for item in prompt:
+                self._check_prompt(item)
+        else:
+            self._check_prompt(prompt)
+
+    def _check_prompt(self, prompt: Any) -> None:
+        if isinstance(prompt, str):
+            self._check_chars(len(prompt), "prompt")
+        elif isinstance(prompt, list) and len(prompt) > self.max_prompt_tokens:
+            raise BadRequestError(
+                f"the prompt is {len(prompt)} tokens long but the model's context is {self.max_prompt_tokens} "
+                "tokens; shorten the prompt",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+
+    def _check_chars(self, chars: int, param: str) -> None:
+        if chars > self.max_chars:
+            least = -(-chars // max(1, self.max_token_chars))
+            raise BadRequestError(
+                f"the prompt has {chars} characters, at least {least} tokens, but the model's context is "
+                f"{self.max_prompt_tokens} tokens; shorten the prompt",
+                param=param,
+                code="context_length_exceeded",
+            )
