@@ -48,7 +48,7 @@ def export_smollm2(dest: Path) -> Path:
     return dest
 
 
-def build_tiny_llama(dest: Path, seed: int = 0) -> Path:
+def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024) -> Path:
     """A 2-layer random Llama using SmolLM2's tokenizer and chat template (real text in, random tokens out)."""
     if (dest / "config.json").exists():
         return dest
@@ -63,7 +63,7 @@ def build_tiny_llama(dest: Path, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,

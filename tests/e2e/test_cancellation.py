@@ -126,7 +126,7 @@ def test_200_requests_half_disconnecting_leave_no_state_and_no_growth(
             await asyncio.gather(*(bounded(i) for i in range(start, start + count)))
         state = await _wait_idle(smollm2_server, timeout_s=30)
         cached = state.pop("kv_blocks_cached")
-        assert state == {"running": 0, "waiting": 0, "rows_in_use": 0, "kv_blocks_used": 0, "in_flight": 0}
+        assert state == {"running": 0, "waiting": 0, "paused": 0, "rows_in_use": 0, "kv_blocks_used": 0, "in_flight": 0}
         return cached
 
     cached_before = asyncio.run(wave(0, 20))

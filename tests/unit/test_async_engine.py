@@ -53,7 +53,7 @@ async def test_limits_and_aborts(parts: tuple[Any, Any]) -> None:
         long = engine.submit([request(f"long{i}", max_tokens=400) for i in range(3)])
         with pytest.raises(EngineOverloaded) as overloaded:
             engine.submit([request("one-too-many")])
-        assert overloaded.value.retry_after_s == 1  # no departures yet to estimate from
+        assert overloaded.value.retry_after_s == 1  # no decode step timed yet to estimate from
         first = await anext(long[0])
         assert first.token_ids and not first.finished
         for i in range(3):  # two running and one queued: all leave at once

@@ -1,5 +1,5 @@
 """uvicorn's HTTP/1.1 protocol with the guards it lacks: deadlines for headers and body, a connection limit,
-a bounded send buffer, and our error shape for what it refuses before the app sees a request."""
+bounded send buffers, and our error shape for what it refuses before the app sees a request."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ class GuardedH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._limits.send_buffer_bytes)
+        # A send waits until the kernel has taken all of it: what the socket cannot take stays with the engine
+        # (whose flow control then pauses the request's row), not in an unbounded buffer here.
+        transport.set_write_buffer_limits(high=0)
         self._over_limit = len(self.connections) > self._limits.max_connections
         self._arm(self._limits.header_timeout_s)
 

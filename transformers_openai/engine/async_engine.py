@@ -6,14 +6,15 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.departures import Departures
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
+from transformers_openai.engine.retry_after import RetryAfter
 from transformers_openai.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,21 @@ DEFAULT_MAX_PENDING_OUTPUTS = 2048
 
 
 @dataclass(frozen=True)
+class FlowControl:
+    """Rows follow their readers: a request whose consumer has `pause_at` outputs it has not taken (its client
+    stopped reading: the socket is full) stops being stepped, its row and K/V memory given back; once the consumer
+    is down to `resume_at`, it is prefilled again and goes on. A consumer keeping up never has more than a
+    step's outputs waiting."""
+
+    pause_at: int = 16
+    resume_at: int = 4
+
+
+@dataclass(frozen=True)
 class EngineStats:
     running: int
     waiting: int
+    paused: int  # requests whose clients are not reading: set aside, holding no row
     rows_in_use: int
     kv_blocks_used: int  # K/V cache blocks held by requests (cached prefixes nobody holds are free)
     kv_blocks_cached: int  # free blocks keeping a prefix for reuse until the pool needs them
@@ -42,16 +55,24 @@ class AsyncEngine:
     come back with `loop.call_soon_threadsafe` into a per-request queue, one hop per engine step.
     """
 
-    def __init__(self, core: EngineCore, max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS,
+        flow: FlowControl | None = None,
+    ) -> None:
         self._core = core
         self._max_pending = max_pending_outputs
+        self._flow_control = flow or FlowControl()
         self._cv = threading.Condition()
         # Handed from the event loop to the engine thread under `_cv`; applied between steps.
         self._new: list[EngineRequest] = []
-        self._aborted: list[str] = []
+        self._aborted: list[tuple[str, str]] = []  # (request id, why)
+        self._flow: list[tuple[str, bool]] = []  # (request id, pause?) in the order the event loop decided them
         self._calls: list[tuple[Callable[[ModelRunner], Any], concurrent.futures.Future[Any]]] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
-        self._departures = Departures()  # for the Retry-After of a 429
+        self._paused: set[str] = set()  # on the event loop: the requests it asked the engine to pause
+        self._retry_after = RetryAfter()  # for the Retry-After of a 429
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -80,6 +101,7 @@ class AsyncEngine:
         return EngineStats(
             running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),
+            paused=len(scheduler.paused),
             rows_in_use=self._core.runner.rows_in_use(),
             kv_blocks_used=kv.blocks_used,
             kv_blocks_cached=kv.blocks_cached,
@@ -100,7 +122,7 @@ class AsyncEngine:
         if fresh and ahead > 0:
             raise EngineOverloaded(
                 f"server is at capacity ({capacity} requests running or queued); retry later",
-                retry_after_s=self._departures.retry_after_s(ahead),
+                retry_after_s=self._retry_after_s(ahead),
             )
         ids = [request.request_id for request in requests]
         if len(set(ids)) != len(ids) or any(i in self._streams for i in ids):
@@ -115,6 +137,17 @@ class AsyncEngine:
             self._cv.notify()
         return streams
 
+    def _retry_after_s(self, ahead: int) -> int:
+        """When `ahead` of the requests in flight will have left (read on the event loop; the lists are copied whole,
+        which the engine thread cannot interleave with)."""
+        scheduler = self._core.scheduler
+        running = [*scheduler.running.values(), *scheduler.prefilling.values()]
+        with self._cv:
+            submitted = [request.params.max_tokens for request in self._new]
+        waiting = [seq.remaining_tokens for seq in list(scheduler.waiting.values())] + submitted
+        rows = [(len(seq.output_ids), seq.remaining_tokens) for seq in running]
+        return self._retry_after.seconds(ahead, scheduler.max_running, rows, waiting)
+
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         return self.submit([request])[0]
 
@@ -122,9 +155,9 @@ class AsyncEngine:
         """Ends a request wherever it is; its row is freed at the next step boundary. Idempotent."""
         if self._streams.pop(request_id, None) is None:
             return
-        self._departures.record()
+        self._paused.discard(request_id)
         with self._cv:
-            self._aborted.append(request_id)
+            self._aborted.append((request_id, "its consumer stopped"))
             self._cv.notify()
 
     async def call(self, fn: Callable[[ModelRunner], T]) -> T:
@@ -152,7 +185,7 @@ class AsyncEngine:
     def _end(self, request_id: str, message: str, kind: ErrorKind) -> None:
         """Ends a request from the event loop: its consumer gets one final error output, the engine frees its row."""
         queue = self._streams.pop(request_id)
-        self._departures.record()
+        self._paused.discard(request_id)
         while not queue.empty():  # what it did not take is dropped: the error says why
             queue.get_nowait()
         queue.put_nowait(
@@ -168,7 +201,7 @@ class AsyncEngine:
             )
         )
         with self._cv:
-            self._aborted.append(request_id)
+            self._aborted.append((request_id, kind.value))
             self._cv.notify()
 
     async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput]) -> AsyncIterator[RequestOutput]:
@@ -177,6 +210,8 @@ class AsyncEngine:
             while not finished:
                 output = await queue.get()
                 finished = output.finished
+                if request_id in self._paused and queue.qsize() <= self._flow_control.resume_at:
+                    self._send_flow(request_id, pause=False)
                 yield output
         finally:
             if not finished:
@@ -189,7 +224,9 @@ class AsyncEngine:
                 continue  # aborted meanwhile
             if output.finished:
                 del self._streams[output.request_id]
-                self._departures.record()
+                self._paused.discard(output.request_id)
+                if output.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    self._retry_after.record_answer(output.completion_tokens)
             elif queue.qsize() >= self._max_pending:
                 logger.warning(
                     "request %s: its consumer is %d outputs behind (client not reading); aborted",
@@ -199,6 +236,22 @@ class AsyncEngine:
                 self._core.observer.on_stream_stalled()
                 continue
             queue.put_nowait(output)
+            if (
+                not output.finished
+                and queue.qsize() >= self._flow_control.pause_at
+                and output.request_id not in self._paused
+            ):
+                self._send_flow(output.request_id, pause=True)
+
+    def _send_flow(self, request_id: str, pause: bool) -> None:
+        """Asks the engine thread to pause or resume a request (called on the event loop)."""
+        if pause:
+            self._paused.add(request_id)
+        else:
+            self._paused.discard(request_id)
+        with self._cv:
+            self._flow.append((request_id, pause))
+            self._cv.notify()
 
     def _add(self, request: EngineRequest) -> None:
         try:
@@ -225,12 +278,15 @@ class AsyncEngine:
         core = self._core
         while True:
             with self._cv:
-                while not (self._new or self._aborted or self._calls or core.has_work() or self._stopping):
+                while not (
+                    self._new or self._aborted or self._flow or self._calls or core.has_work() or self._stopping
+                ):
                     self._cv.wait()
                 if self._stopping:
                     break
                 new, self._new = self._new, []
                 aborted, self._aborted = self._aborted, []
+                flow, self._flow = self._flow, []
                 calls, self._calls = self._calls, []
             for fn, future in calls:
                 if future.set_running_or_notify_cancel():
@@ -241,9 +297,18 @@ class AsyncEngine:
             try:
                 for request in new:
                     self._add(request)
-                for request_id in aborted:  # after the adds: an abort may name a request submitted just before
-                    core.abort(request_id)
+                for request_id, why in aborted:  # after the adds: an abort may name a request submitted just before
+                    core.abort(request_id, why)
+                for request_id, pause in flow:  # after the aborts: an aborted request is gone, not paused
+                    if pause:
+                        core.pause(request_id)
+                    else:
+                        core.resume(request_id)
+                decoding = bool(core.scheduler.running)
+                started = time.perf_counter()
                 outputs = core.step(publish=self._publish)  # also when idle: the step reports the freed rows
+                if decoding:
+                    self._retry_after.record_step(time.perf_counter() - started)
             except Exception as exc:  # keep serving: fail what was in flight and go on
                 logger.exception("engine step failed")
                 outputs = core.fail_all(exc)

@@ -44,14 +44,35 @@ class EngineCore:
         seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
         self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str, reason: str = "cancelled") -> RequestOutput | None:
+        """Ends a request from outside; `reason` is for the log (who ended it says why, once, at its own level)."""
         seq = self.scheduler.remove(request_id)
         if seq is None:
             return None
         self._release(seq)
         output = seq.final_output(FinishReason.ABORT)
-        self._finished(seq, client_disconnected=True)
+        self._finished(seq, aborted=reason)
         return output
+
+    def pause(self, request_id: str) -> bool:
+        """Stops stepping a request whose consumer is not taking its outputs: its row and K/V memory are given back,
+        its tokens kept; `resume` puts it first in line to be prefilled again. False if it is not in the engine."""
+        seq = self.scheduler.remove(request_id)
+        if seq is None:
+            return False
+        self._release(seq)
+        seq.preempt()
+        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
+        self.scheduler.pause(seq)
+        logger.info(
+            "request %s paused after %d tokens: its client is not reading them", request_id, len(seq.output_ids),
+            extra={"request_id": request_id},
+        )
+        return True
+
+    def resume(self, request_id: str) -> None:
+        if self.scheduler.resume(request_id) is not None:
+            logger.info("request %s resumed: its client reads again", request_id, extra={"request_id": request_id})
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -108,7 +129,8 @@ class EngineCore:
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
         scheduler = self.scheduler
-        seqs = [*scheduler.running.values(), *scheduler.prefilling.values(), *scheduler.waiting.values()]
+        seqs = [*scheduler.running.values(), *scheduler.prefilling.values(), *scheduler.waiting.values(),
+                *scheduler.paused.values()]
         return self._fail(seqs, exc)
 
     def _make_room(self, outputs: list[RequestOutput]) -> int:
@@ -270,13 +292,14 @@ class EngineCore:
         else:  # no row yet: a reservation, a partial prefill maybe
             self.runner.discard(seq.prefill)
 
-    def _finished(self, seq: Sequence, client_disconnected: bool = False) -> None:
-        stats = seq.stats(client_disconnected)
+    def _finished(self, seq: Sequence, aborted: str | None = None) -> None:
+        stats = seq.stats(aborted is not None)
         self.observer.on_finished(stats)
-        if client_disconnected:
-            logger.warning(
-                "request %s aborted after %d tokens: client disconnected",
-                seq.request_id, stats.completion_tokens, extra={"request": asdict(stats), "request_id": seq.request_id},
+        if aborted is not None:
+            logger.info(
+                "request %s aborted after %d tokens (%s)",
+                seq.request_id, stats.completion_tokens, aborted,
+                extra={"request": asdict(stats), "request_id": seq.request_id},
             )
             return
         logger.info(

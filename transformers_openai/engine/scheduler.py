@@ -26,6 +26,9 @@ class Scheduler:
         self.waiting: OrderedDict[str, Sequence] = OrderedDict()
         self.prefilling: OrderedDict[str, Sequence] = OrderedDict()
         self.running: dict[str, Sequence] = {}
+        # Requests whose consumer is not taking their outputs (a client that stopped reading): not stepped, holding
+        # no K/V memory, until `resume`.
+        self.paused: dict[str, Sequence] = {}
 
     @property
     def capacity(self) -> int:
@@ -81,9 +84,21 @@ class Scheduler:
         self.waiting[seq.request_id] = seq
         self.waiting.move_to_end(seq.request_id, last=False)
 
+    def pause(self, seq: Sequence) -> None:
+        """Sets a request aside (its K/V memory already given back) until `resume`."""
+        self.remove(seq.request_id)
+        self.paused[seq.request_id] = seq
+
+    def resume(self, request_id: str) -> Sequence | None:
+        """A paused request waits again, ahead of the newcomers; None if it is not paused."""
+        seq = self.paused.pop(request_id, None)
+        if seq is not None:
+            self.requeue(seq)
+        return seq
+
     def remove(self, request_id: str) -> Sequence | None:
         """Takes a request out of wherever it is; returns it, or None if it is unknown or done."""
-        for queue in (self.waiting, self.prefilling, self.running):
+        for queue in (self.waiting, self.prefilling, self.running, self.paused):
             seq = queue.pop(request_id, None)
             if seq is not None:
                 return seq

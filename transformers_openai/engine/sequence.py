@@ -69,6 +69,11 @@ class Sequence:
     def prompt_len(self) -> int:
         return self.request.prompt_tokens
 
+    @property
+    def remaining_tokens(self) -> int:
+        """The most tokens it may still generate."""
+        return max(0, self._max_tokens - len(self.output_ids))
+
     def preempt(self) -> None:
         """Its row was taken back: it will be prefilled again, over its prompt and the tokens it has so far."""
         earlier, request = self.prefill, self.request
@@ -143,7 +148,7 @@ class Sequence:
             scored.append(TokenLogprob(token_id=token_id, logprob=logprob, top=top, rank=rank))
         return scored
 
-    def stats(self, client_disconnected: bool = False) -> FinishedRequest:
+    def stats(self, aborted: bool = False) -> FinishedRequest:
         end = self.finished_at or time.monotonic()
         first = self.first_token_at
         decode_time = end - first if first is not None else 0.0
@@ -156,7 +161,7 @@ class Sequence:
             time_to_first_token_s=None if first is None else first - self.arrival,
             e2e_latency_s=end - self.arrival,
             decode_tokens_per_s=(len(self.output_ids) - 1) / decode_time if decode_time > 0 else 0.0,
-            client_disconnected=client_disconnected,
+            aborted=aborted,
         )
 
     def final_output(self, reason: FinishReason, error: str | None = None) -> RequestOutput:

@@ -59,7 +59,7 @@ class FinishedRequest:
     time_to_first_token_s: float | None
     e2e_latency_s: float
     decode_tokens_per_s: float
-    client_disconnected: bool
+    aborted: bool  # ended from outside (its client left, stopped reading, or the server shut down)
 
 
 class EngineObserver(Protocol):

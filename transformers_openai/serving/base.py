@@ -226,14 +226,16 @@ class GenerationHandler(Generic[RequestT]):
             finally:
                 self.ctx.engine.abort(engine_ids[0])
             return
-        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+        # Bounded: when the client stops reading, the pumps stop taking outputs too, so the engine's flow control
+        # sees each choice's outputs pile up and pauses its row.
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue(maxsize=len(streams))
 
         async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
             try:
                 async for output in stream:
-                    queue.put_nowait((index, output))
+                    await queue.put((index, output))
             except Exception as exc:
-                queue.put_nowait((index, exc))
+                await queue.put((index, exc))
 
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         try:
