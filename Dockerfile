@@ -1,19 +1,22 @@
 # transformers-openai-api as a container: `python -m transformers_openai.main`, every setting an environment
-# variable (HF_MODEL, TORCH_DTYPE, MAX_BATCH_SIZE, API_KEY, ...; see docs/deployment.md); arguments after the
-# image name are appended as flags.
+# variable (MODEL / HF_MODEL, DTYPE / TORCH_DTYPE, MAX_BATCH_SIZE, API_KEY, ...; see docs/deployment.md); arguments
+# after the image name are appended as flags. With no model named it serves the README's quick-start model
+# (SmolLM2-135M-Instruct, with its tools template): deploy/entrypoint.py.
 #
-# GPU (default): PyTorch's CUDA runtime image, whose CUDA build of torch is kept.
+# GPU (default): torch from PyPI, whose Linux wheels are the CUDA build (the CUDA libraries come as pip packages;
+# the host needs the NVIDIA driver and Container Toolkit only).
 #   docker build -t transformers-openai-api .
 #   docker run --gpus all -p 7088:7088 -v hf-cache:/data/huggingface -e HF_MODEL=Qwen/Qwen2.5-0.5B-Instruct \
 #     transformers-openai-api --max-batch-size 32
-# CPU: a plain Python base; torch is then installed from TORCH_INDEX (the CPU wheels).
-#   docker build --build-arg BASE_IMAGE=python:3.12-slim-bookworm -t transformers-openai-api:cpu .
-ARG BASE_IMAGE=pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime
+# CPU: the same torch version from PyTorch's CPU index (about 200 MB instead of several GB).
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu -t transformers-openai-api:cpu .
+ARG BASE_IMAGE=python:3.12-slim-bookworm
 FROM ${BASE_IMAGE}
 
-# Used only when the base image has no torch.
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ARG TORCH_SPEC=torch==2.10.0
+# The torch the tests run on; scripts/env.sh installs the same (tests/deploy keeps the two equal).
+ARG TORCH_SPEC=torch==2.13.0
+# Empty: PyPI (CUDA build). https://download.pytorch.org/whl/cpu: the CPU build.
+ARG TORCH_INDEX=
 # 1000 is the usual first desktop user, so a bind-mounted host cache stays writable.
 ARG APP_UID=1000
 
@@ -28,8 +31,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ffmpeg \
     && rm -rf /var/lib/apt/lists/*
 
-RUN python -c "import torch" 2>/dev/null \
-    || python -m pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+RUN python -m pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "${TORCH_SPEC}"
 
 WORKDIR /tmp/src
 COPY pyproject.toml README.md ./
@@ -42,7 +44,9 @@ RUN python -m pip install ".[gguf]" \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && rm -rf /tmp/src
 
-COPY deploy/healthcheck.py /usr/local/lib/transformers-openai/healthcheck.py
+# The entry point finds the chat templates beside itself.
+COPY deploy/healthcheck.py deploy/entrypoint.py /usr/local/lib/transformers-openai/
+COPY deploy/chat-templates /usr/local/lib/transformers-openai/chat-templates
 
 # --non-unique: some bases already have a user with this uid.
 RUN useradd --create-home --non-unique --uid "${APP_UID}" --user-group app \
@@ -65,4 +69,4 @@ EXPOSE 7088
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
     CMD ["python", "/usr/local/lib/transformers-openai/healthcheck.py"]
 
-ENTRYPOINT ["python", "-m", "transformers_openai.main"]
+ENTRYPOINT ["python", "/usr/local/lib/transformers-openai/entrypoint.py"]

