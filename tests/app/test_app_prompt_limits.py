@@ -65,8 +65,8 @@ async def test_more_characters_than_the_context_can_hold(limited: httpx.AsyncCli
 
 
 async def test_completions_prompts_beyond_what_the_server_holds(limited: httpx.AsyncClient) -> None:
-    error = assert_error(await limited.post(COMPLETIONS, json=completion_body(prompt=["a"] * 4, n=2)), 400, "prompt")
-    assert "--max-batch-size" in error["message"]
+    error = assert_error(await limited.post(COMPLETIONS, json=completion_body(prompt=["a"] * 4, n=2)), 400, "n")
+    assert error["code"] == "too_many_sequences" and "--max-batch-size" in error["message"]
     ids = list(range(1, MAX_MODEL_LEN + 2))
     assert_error(await limited.post(COMPLETIONS, json=completion_body(prompt=ids)), 400, "prompt")
     assert_error(await limited.post(COMPLETIONS, json=completion_body(prompt=[[1, 2], ids])), 400, "prompt")

@@ -74,10 +74,12 @@ class PromptLimits:
         choices = n if isinstance(n, int) and n > 0 else 1
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) * choices > self.max_sequences:
-                raise BadRequestError(
+                raise BadRequestError(  # as the engine's own refusal says it
                     f"{len(prompt)} prompts with n={choices} need {len(prompt) * choices} sequences, but the server "
-                    f"holds at most {self.max_sequences} at once (--max-batch-size plus --max-queue)",
-                    param="prompt",
+                    f"holds at most {self.max_sequences} at once (--max-batch-size plus --max-queue); lower n or "
+                    "send fewer prompts",
+                    param="n",
+                    code="too_many_sequences",
                 )
             for item in prompt:
                 self._check_prompt(item)
