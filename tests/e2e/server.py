@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +88,13 @@ def start_server(model: Path, log_dir: Path, *args: str, timeout_s: float = 180)
         time.sleep(0.3)
     server.stop()
     raise RuntimeError(f"server not healthy after {timeout_s}s:\n{server.log()}")
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether `check` comes true within `timeout_s` (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False

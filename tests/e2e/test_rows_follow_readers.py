@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import ServerProcess, start_server
+from tests.e2e.server import ServerProcess, start_server, wait_for
 from tests.model_factory import build_tiny_llama, cache_root
 
 pytestmark = pytest.mark.e2e
@@ -64,15 +64,6 @@ def never_reads(server: ServerProcess, request_id: str, max_tokens: int) -> sock
     ).encode()
     sock.sendall(head + payload)
     return sock
-
-
-def wait_for(check, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def paused_after(server: ServerProcess, request_id: str) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import ServerProcess, start_server
+from tests.e2e.server import ServerProcess, start_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -60,15 +60,6 @@ def stalled_total(server: ServerProcess) -> float:
     text = httpx.get(f"{server.root_url}/metrics", timeout=10).text
     lines = [line for line in text.splitlines() if line.startswith("transformers_openai:request_stream_stalled_total")]
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
-
-def wait_for(check, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_four_clients_that_never_read_cannot_hold_the_batch(stall_server: ServerProcess) -> None:
