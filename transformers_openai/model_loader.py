@@ -24,6 +24,7 @@ from transformers import (
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.detokenizer import Decoder
+from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.packed_linear import pack_linear_layers
@@ -202,7 +203,10 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
     detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
-    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer)
+    # On a CPU with several threads: one thread for steps of a token or two (engine/intra_op_threads.py).
+    cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
+    threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None
+    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer, threads)
     template = settings.chat_template.read_text() if settings.chat_template else None
     tokenizer_service = TokenizerService(tokenizer, template)
     tool_format = (

@@ -10,6 +10,7 @@ from dataclasses import asdict
 import torch
 
 from transformers_openai.engine.detokenizer import Decoder
+from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
@@ -30,8 +31,10 @@ class EngineCore:
         scheduler: Scheduler,
         stop_token_ids: frozenset[int],
         observer: EngineObserver | None = None,
+        threads: IntraOpThreads | None = None,
     ) -> None:
         self.runner = runner
+        self._threads = threads  # on a CPU: torch threads by the size of each step
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
@@ -92,6 +95,8 @@ class EngineCore:
         planned = self.scheduler.prefill_plan(self.runner.reserve)
         if not planned:
             self._refuse_what_never_fits(outputs)
+        if planned and self._threads is not None:
+            self._threads.fit(sum(take for _, take in planned))
         with clock("prefill"):
             admitted = self._prefill(planned, outputs)
         if admitted:
@@ -104,6 +109,8 @@ class EngineCore:
         running = self.scheduler.running
         batch_size = len(running)
         if running:
+            if self._threads is not None:
+                self._threads.fit(batch_size)
             by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
             with clock("forward"):
                 decoded = self._decode(by_slot, outputs)
