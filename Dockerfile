@@ -26,11 +26,6 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# ffmpeg: the audio endpoints decode webm and m4a with it (libsndfile, in the soundfile wheel, reads the rest).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ffmpeg \
-    && rm -rf /var/lib/apt/lists/*
-
 RUN python -m pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "${TORCH_SPEC}"
 
 WORKDIR /tmp/src

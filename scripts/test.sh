@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need into .venv and runs the whole suite (unit, app, end-to-end); args go to pytest.
-# As root with apt-get it also installs two Debian packages system-wide, and says so first; without them the tests
-# that need them are skipped, and the summary at the end lists every skip with its reason.
+# As root with apt-get it also installs a Debian package system-wide (docker-compose), and says so first; without
+# it the tests that need it are skipped, and the summary at the end lists every skip with its reason.
 set -euo pipefail
 EXTRAS=test source "$(dirname "$0")/env.sh"
 # One torch thread: with two on a busy 2-core machine, generation got 3-10x slower and erratic. Servers use all cores.
@@ -19,10 +19,6 @@ apt_install() { # package, why
 # The compose file is validated by the compose CLI (no Docker engine needed); Debian ships it as docker-compose.
 if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
   apt_install docker-compose "the compose CLI validates docker-compose.yaml (no Docker engine is used)"
-fi
-# ffmpeg decodes the audio formats libsndfile cannot (webm, m4a).
-if ! command -v ffmpeg >/dev/null; then
-  apt_install ffmpeg "the audio endpoints decode webm and m4a with it"
 fi
 ruff check transformers_openai tests stress-test scripts
 mypy transformers_openai

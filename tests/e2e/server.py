@@ -63,10 +63,12 @@ class ServerProcess:
                 self.process.wait()
 
 
-def start_server(model: Path, log_dir: Path, *args: str, timeout_s: float = 180) -> ServerProcess:
+def start_server(
+    model: Path, log_dir: Path, *args: str, timeout_s: float = 180, env_overrides: dict[str, str] | None = None
+) -> ServerProcess:
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env_overrides or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [
         sys.executable, "-m", "transformers_openai.main",

@@ -1,20 +1,15 @@
-"""Audio bytes in, mono float samples at the model's rate out: librosa (libsndfile), ffmpeg for the rest."""
+"""Audio bytes in, mono float samples at the model's rate out: librosa (libsndfile), PyAV for the rest."""
 
 from __future__ import annotations
 
 import io
 import logging
-import shutil
-import subprocess
-import tempfile
 
 import numpy as np
 
 from transformers_openai.serving.errors import BadRequestError
 
 logger = logging.getLogger(__name__)
-
-_FFMPEG_TIMEOUT_S = 120.0
 
 
 def decode_audio(data: bytes, sampling_rate: int, max_seconds: float, filename: str = "") -> np.ndarray:
@@ -28,7 +23,7 @@ def decode_audio(data: bytes, sampling_rate: int, max_seconds: float, filename: 
         raise BadRequestError(f"{name} is empty: upload an audio file", param="file", code="invalid_audio")
     samples = _with_libsndfile(data, sampling_rate)
     if samples is None:
-        samples = _with_ffmpeg(data, sampling_rate, name)
+        samples = _with_pyav(data, sampling_rate, max_seconds, name)
     if samples.size == 0:
         raise BadRequestError(f"{name} holds no audio samples", param="file", code="invalid_audio")
     if not np.isfinite(samples).all():
@@ -66,32 +61,39 @@ def _with_libsndfile(data: bytes, sampling_rate: int) -> np.ndarray | None:
     return np.asarray(samples, dtype=np.float32)
 
 
-def _with_ffmpeg(data: bytes, sampling_rate: int, name: str) -> np.ndarray:
-    """Everything else (webm, m4a/mp4, ...): ffmpeg reads a temporary file (mp4 needs to seek), writes raw floats."""
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
+def _with_pyav(data: bytes, sampling_rate: int, max_seconds: float, name: str) -> np.ndarray:
+    """Every other container (webm, m4a/mp4, ...) through PyAV, whose wheels carry FFmpeg's codecs: no system
+    ffmpeg. Decoding stops once the audio is longer than `max_seconds`, so a long file costs no more than that."""
+    import av
+
+    limit = int(max_seconds * sampling_rate)
+    chunks: list[np.ndarray] = []
+    total = 0
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            stream = next((s for s in container.streams if s.type == "audio"), None)
+            if stream is None:
+                raise BadRequestError(f"{name} has no audio track", param="file", code="invalid_audio")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=sampling_rate)
+            for frame in container.decode(stream):
+                if not isinstance(frame, av.AudioFrame):
+                    continue
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1))
+                    total += chunks[-1].size
+                if total > limit:
+                    raise BadRequestError(
+                        f"{name} is longer than {max_seconds:g} s; this server takes at most {max_seconds:g} s of "
+                        "audio per request",
+                        param="file",
+                        code="audio_too_long",
+                    )
+            chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+    except (av.FFmpegError, ValueError, EOFError) as exc:
+        logger.info("could not decode %s: %s", name, exc)
         raise BadRequestError(
-            f"{name} is not in a format this server can read without ffmpeg (wav, flac, ogg and mp3 work)",
+            f"{name} could not be decoded as audio (truncated, or not an audio file): {exc}",
             param="file",
             code="invalid_audio",
-        )
-    with tempfile.NamedTemporaryFile(prefix="toa-audio-") as source:
-        source.write(data)
-        source.flush()
-        command = [ffmpeg, "-nostdin", "-v", "error", "-i", source.name, "-f", "f32le", "-ac", "1",
-                   "-ar", str(sampling_rate), "-"]
-        try:
-            done = subprocess.run(command, capture_output=True, timeout=_FFMPEG_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise BadRequestError(f"{name} took too long to decode", param="file", code="invalid_audio") from exc
-    if done.returncode != 0:
-        reason = done.stderr.decode("utf-8", "replace").replace(source.name, "input").strip().splitlines()
-        detail = reason[-1][:200] if reason else "unknown format"
-        logger.info("ffmpeg could not decode %s: %s", name, detail)
-        raise BadRequestError(
-            f"{name} could not be decoded as audio (truncated, or not an audio file): {detail}",
-            param="file",
-            code="invalid_audio",
-        )
-    usable = len(done.stdout) - len(done.stdout) % 4
-    return np.frombuffer(done.stdout[:usable], dtype="<f4").astype(np.float32)
+        ) from exc
+    return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, dtype=np.float32)
