@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 from pathlib import Path
@@ -50,20 +49,25 @@ def breakdown(
     temperature: float = 0.0,
     top_p: float = 1.0,
     json_rows: int = 0,
+    prompt_ids: list[int] | None = None,
 ) -> dict[str, float]:
-    """Mean milliseconds per phase over the steps that decode all `batch` rows."""
+    """Mean milliseconds per phase over the steps that decode all `batch` rows (each prompted with `prompt_ids`,
+    else the chat-templated story prompt)."""
     from transformers_openai.engine.core import EngineCore
     from transformers_openai.engine.request import EngineRequest
     from transformers_openai.engine.sampling_params import SamplingParams
     from transformers_openai.engine.scheduler import Scheduler
     from transformers_openai.runners.causal_lm import CausalLMRunner
+    from transformers_openai.serving.tokenizer import engine_decoder
 
     steps = _Steps()
     runner = CausalLMRunner(model, max_rows=batch, max_model_len=1024)
     eos = frozenset({tokenizer.eos_token_id})
-    core = EngineCore(runner, copy.deepcopy(tokenizer), Scheduler(batch, batch), eos, steps)
+    core = EngineCore(runner, engine_decoder(tokenizer), Scheduler(batch, batch), eos, steps)
     messages = [{"role": "user", "content": PROMPT}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = prompt_ids or tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True)
     constraints: list[Any] = []
     if json_rows:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,6 @@ from transformers import (
 
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
@@ -37,7 +35,7 @@ from transformers_openai.serving.audio import warm_up_decoder
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.structured_output import StructuredOutputs
-from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.tokenizer import TokenizerService, engine_decoder
 from transformers_openai.serving.tool_formats import FORMATS, detect_format
 from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
@@ -201,8 +199,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         max_len = runner.max_model_len
     phases.done("K/V cache")
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
-    # The engine thread detokenizes with its own copy: a fast tokenizer must not be shared across threads.
-    detokenizer = cast(Decoder, copy.deepcopy(tokenizer))  # HF's decode is typed looser than the engine needs
+    detokenizer = engine_decoder(tokenizer)
     # On a CPU with several threads: one thread for steps of a token or two (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.tokenizer import TokenizerService, engine_decoder
 
 
 class _Gate:
@@ -70,3 +70,23 @@ def test_longest_token_bounds_the_characters_per_token(tiny_llama_dir: Path) -> 
     assert longest >= max(
         len(tokenizer.decode([i])) for i in range(len(tokenizer)) if i not in tokenizer.all_special_ids
     )
+
+
+def test_the_engine_decoder_decodes_as_transformers_does(tiny_llama_dir: Path, whisper_dir: Path) -> None:
+    """The Rust decoder stands in for transformers' decode only where the text is the same: byte-level pieces,
+    special tokens kept or skipped; Whisper's tokenizer, whose class decodes its own way, keeps its decode."""
+    import random
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    decoder = engine_decoder(tokenizer)
+    assert not isinstance(decoder, type(tokenizer))
+    rng = random.Random(0)
+    special = list(tokenizer.all_special_ids)
+    text_ids = tokenizer("Héllo  wörld, 你好! <|im_end|> 12 + 3.5\n\tdone")["input_ids"]
+    samples = [text_ids, *([rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))] for _ in range(300))]
+    samples += [[*ids[:3], rng.choice(special), *ids[3:]] for ids in samples[:100]]
+    for ids in samples:
+        for skip in (True, False):
+            assert decoder.decode(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+    whisper = AutoTokenizer.from_pretrained(whisper_dir)
+    assert isinstance(engine_decoder(whisper), type(whisper))
