@@ -150,9 +150,8 @@ class CausalLMRunner(OneByOnePrefill):
     def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
         cache = self._rows.cache
         plan = cache.plan([(table, len(tokens)) for table, tokens in rows])
-        input_ids = torch.zeros((plan.rows, plan.queries), dtype=torch.long)
-        for row, (_, tokens) in enumerate(rows):
-            input_ids[row, plan.queries - len(tokens) :] = torch.tensor(tokens)
+        padding = [0] * plan.queries  # rows right-aligned: a row with fewer new tokens is padded on the left
+        input_ids = torch.tensor([padding[len(tokens) :] + list(tokens) for _, tokens in rows], dtype=torch.long)
         with cache.running(plan):
             out = self.model(
                 input_ids=input_ids.to(self.device),
