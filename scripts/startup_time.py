@@ -18,6 +18,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,35 +39,39 @@ def healthy(port: int) -> bool:
         return False
 
 
-def time_start(command: list[str], timeout_s: float, log: Path) -> float:
-    """Seconds from launch to a 200 from /health; the server (its whole process group) is stopped afterwards."""
-    port = free_port()
+@contextmanager
+def serving(
+    command: list[str], cwd: Path, log: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> Iterator[float]:
+    """Runs `command` (a serve script and its arguments, the port among them) until GET /health on `--port`'s port
+    answers 200; yields the seconds that took; always stops it and everything it started."""
+    port = int(command[command.index("--port") + 1])
     with log.open("ab") as out:
         started = time.monotonic()
         # A session of its own: the serve script execs the server, and anything it spawned goes down with it.
         process = subprocess.Popen(
-            [*command, "--port", str(port)], cwd=ROOT, stdout=out, stderr=out, start_new_session=True
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        while time.monotonic() - started < timeout_s:
+        while not healthy(port):
             if process.poll() is not None:
-                raise SystemExit(f"the server exited with {process.returncode}; see {log}")
-            if healthy(port):
-                return time.monotonic() - started
+                raise RuntimeError(f"the server exited with {process.returncode}:\n{tail(log)}")
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"no /health after {timeout_s:.0f} s:\n{tail(log)}")
             time.sleep(0.1)
-        raise SystemExit(f"no healthy server after {timeout_s:.0f} s; see {log}")
+        yield time.monotonic() - started
     finally:
-        stop(process)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-4000:]
 
 
 def main() -> None:
@@ -76,8 +82,8 @@ def main() -> None:
     parser.add_argument("command", nargs="*", default=["bash", "scripts/serve-smollm2.sh"])
     args = parser.parse_args()
     for run in range(1, args.runs + 1):
-        seconds = time_start(args.command, args.timeout, args.log)
-        print(f"start {run}: /health answered 200 after {seconds:.1f} s", flush=True)
+        with serving([*args.command, "--port", str(free_port())], ROOT, args.log, args.timeout) as seconds:
+            print(f"start {run}: /health answered 200 after {seconds:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

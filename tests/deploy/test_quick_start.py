@@ -11,12 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.server import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the scripts are files, not a package
+import startup_time  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -70,46 +69,12 @@ def new_user_environment() -> dict[str, str]:
     return env
 
 
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def serve_script(repo: Path, port: int, log: Path, timeout_s: float) -> Iterator[float]:
-    """Runs the serve script until /health answers; yields the seconds that took; always stops it."""
-    started = time.monotonic()
-    with log.open("ab") as out:
-        # A session of its own, so that the server and anything the script started go down together.
-        process = subprocess.Popen(
-            ["bash", "scripts/serve-smollm2.sh", "--port", str(port)],
-            cwd=repo,
-            env=new_user_environment(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        while not healthy(port):
-            assert process.poll() is None, f"the serve script exited with {process.returncode}:\n{tail(log)}"
-            assert time.monotonic() - started < timeout_s, f"no /health after {timeout_s:.0f} s:\n{tail(log)}"
-            time.sleep(0.2)
-        yield time.monotonic() - started
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-def tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-4000:]
+    """Runs the repository's serve script as a new user would until /health answers; yields the seconds that took."""
+    command = ["bash", "scripts/serve-smollm2.sh", "--port", str(port)]
+    with startup_time.serving(command, repo, log, timeout_s, new_user_environment()) as seconds:
+        yield seconds
 
 
 def test_quick_start_from_a_fresh_copy(tmp_path: Path) -> None:
@@ -138,6 +103,6 @@ def test_quick_start_from_a_fresh_copy(tmp_path: Path) -> None:
 
     first_start_end = log.stat().st_size
     with serve_script(repo, port, log, FIRST_START_S) as seconds:
-        assert seconds < SECOND_START_S, f"a second start took {seconds:.1f} s:\n{tail(log)}"
+        assert seconds < SECOND_START_S, f"a second start took {seconds:.1f} s:\n{startup_time.tail(log)}"
     second_start = log.read_bytes()[first_start_end:].decode(errors="replace")
     assert "setting up .venv" not in second_start and "dequantizing" not in second_start, second_start
