@@ -64,15 +64,18 @@ def transformers_step_ms(model: Any, prompt: list[int], batch: int, steps: int) 
     import torch
     from transformers import DynamicCache
 
+    from transformers_openai.runners.kv_cache import cache_keyword
+
+    keyword = cache_keyword(model)  # `cache` from transformers 5.24, `past_key_values` before it
     with torch.inference_mode():
         cache = DynamicCache()
         ids = torch.tensor([prompt] * batch)
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+            out = model(input_ids=token, **{keyword: cache}, use_cache=True)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             times.append(time.perf_counter() - start)
     return 1e3 * statistics.mean(times[1:])
