@@ -63,9 +63,7 @@ class EngineCore:
         seq = self.scheduler.remove(request_id)
         if seq is None:
             return False
-        self._release(seq)
-        seq.preempt()
-        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
+        self._set_aside(seq)
         self.scheduler.pause(seq)
         logger.info(
             "request %s paused after %d tokens: its client is not reading them", request_id, len(seq.output_ids),
@@ -155,9 +153,7 @@ class EngineCore:
                 continue
             logger.info("request %s preempted after %d tokens: K/V cache full", victim.request_id,
                         len(victim.output_ids))
-            self._release(victim)
-            victim.preempt()
-            victim.prefill.overhead = self.runner.prefill_overhead(victim.prefill)
+            self._set_aside(victim)
             self.scheduler.requeue(victim)
             preempted += 1
         return preempted
@@ -291,6 +287,12 @@ class EngineCore:
                 continue
             drawn.append((seq, alone.token_ids[0], alone.logprobs[0]))
         return drawn
+
+    def _set_aside(self, seq: Sequence) -> None:
+        """Gives back a request's row and K/V memory, keeping its tokens: it is prefilled again when it next runs."""
+        self._release(seq)
+        seq.preempt()
+        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
 
     def _release(self, seq: Sequence) -> None:
         if seq.slot is not None:

@@ -85,8 +85,7 @@ class Scheduler:
         self.waiting.move_to_end(seq.request_id, last=False)
 
     def pause(self, seq: Sequence) -> None:
-        """Sets a request aside (its K/V memory already given back) until `resume`."""
-        self.remove(seq.request_id)
+        """Sets a request aside until `resume` (already taken out with `remove`, its K/V memory given back)."""
         self.paused[seq.request_id] = seq
 
     def resume(self, request_id: str) -> Sequence | None:

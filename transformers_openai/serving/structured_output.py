@@ -80,7 +80,6 @@ class StructuredOutputs:
             return
         constraint.mask(torch.zeros(constraint.vocab_size))
 
-
     def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""
         # Compact JSON (no free whitespace): a small model cannot wander off in blank lines; a schema may still

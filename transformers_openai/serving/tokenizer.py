@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast
 
 import jinja2
 import jinja2.meta
+from transformers import PreTrainedTokenizerFast
 
 from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.serving.errors import BadRequestError
@@ -40,16 +41,13 @@ def engine_decoder(tokenizer: Any) -> Decoder:
     decode where transformers' would return the same text (a fast tokenizer whose class does not change decoding and
     that does not clean up spaces), else a copy of the tokenizer."""
     own = copy.deepcopy(tokenizer)
-    backend = getattr(own, "_tokenizer", None)
-    base: Any = next((c for c in type(own).__mro__ if c.__name__ == "TokenizersBackend"), None)
     plain = (
-        backend is not None
-        and base is not None
-        and type(own).decode is base.decode
-        and type(own)._decode is base._decode
-        and not getattr(own, "clean_up_tokenization_spaces", False)
+        isinstance(own, PreTrainedTokenizerFast)
+        and type(own).decode is PreTrainedTokenizerFast.decode
+        and type(own)._decode is PreTrainedTokenizerFast._decode
+        and not own.clean_up_tokenization_spaces
     )
-    return _RustDecoder(backend) if plain else cast(Decoder, own)  # HF's decode is typed looser than the engine's
+    return _RustDecoder(own._tokenizer) if plain else cast(Decoder, own)  # HF's decode is typed looser than ours
 
 
 class TokenizerService:
@@ -160,7 +158,8 @@ class TokenizerService:
             return list(tokenizer.encode(text, add_special_tokens=False))
 
     def decode_now(self, token_ids: list[int]) -> str:
-        """Decodes on the calling thread (one that may block: not the event loop)."""
+        """Decodes on the calling thread (one that may block: not the event loop), with the original tokenizer: it
+        takes no worker's copy away from the prompts being rendered."""
         with self._lock:
             return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
 
