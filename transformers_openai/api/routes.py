@@ -21,6 +21,12 @@ from transformers_openai.protocol import (
     ModelCard,
     ModelList,
 )
+from transformers_openai.protocol.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from transformers_openai.serving.base import GenerationHandler
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
 from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
@@ -144,6 +150,18 @@ def build_router() -> APIRouter:
     )
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
+
+    @router.post("/tokenize", responses=_ERRORS, dependencies=[Depends(_chat_limits)])
+    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        handler = _state(request).handlers().tokenize
+        request.app.state.metrics.on_request(handler.endpoint)
+        return await handler.tokenize(body)
+
+    @router.post("/detokenize", responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        handler = _state(request).handlers().tokenize
+        request.app.state.metrics.on_request("detokenize")
+        return await handler.detokenize(body)
 
     @_get(router, "/models", responses=_ERRORS)
     async def list_models(request: Request) -> ModelList:

@@ -12,6 +12,7 @@ from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
+from transformers_openai.serving.tokenize import TokenizeHandler
 from transformers_openai.serving.transcription import TranscriptionHandler
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class Handlers:
     model_name: str
     text: tuple[ChatHandler, CompletionHandler] | None
     speech: TranscriptionHandler | None
+    tokenize: TokenizeHandler  # every model kind has a tokenizer
 
     @property
     def chat(self) -> ChatHandler:
@@ -60,7 +62,8 @@ class Handlers:
     def for_context(cls, context: ServingContext) -> Handlers:
         text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
         speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
-        return cls(context.model_name, text, speech)
+        tokenize = TokenizeHandler(context, text[0].tools if text is not None else None)
+        return cls(context.model_name, text, speech, tokenize)
 
 
 class AppState:

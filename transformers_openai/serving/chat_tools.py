@@ -6,7 +6,14 @@ import json
 from typing import Any
 
 from transformers_openai.protocol import ChatCompletionRequest
-from transformers_openai.protocol.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall
+from transformers_openai.protocol.tools import (
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+)
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.serving.tool_formats import ToolFormat, calls_schema
@@ -33,9 +40,8 @@ class ChatTools:
         # Special markers must survive decoding for the parser to see them.
         self.keeps_markers = any(token is not None and token[1] for token in tokens.values())
 
-    def template_tools(self, request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-        """The tools as the chat template takes them; a 400 when the template cannot show them to the model."""
-        tools = request.offered_tools()
+    def template_tools(self, tools: list[Tool]) -> list[dict[str, Any]] | None:
+        """The tools offered, as the chat template takes them; a 400 when the template cannot show them to the model."""
         if not tools:
             return None
         if not self._takes_tools:

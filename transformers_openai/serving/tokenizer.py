@@ -103,20 +103,31 @@ class TokenizerService:
                     return int(token_id), bool(token.special)
         return None
 
-    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    async def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        """The chat rendered by its template and tokenized: by default ending in the assistant's header."""
         if not self.has_chat_template:
             raise BadRequestError(
-                "this model has no chat template; start the server with --chat-template FILE "
-                "or use /v1/completions",
+                "this model has no chat template; start the server with --chat-template FILE or use /v1/completions",
                 param="messages",
             )
-        return await self._in_pool(self._render_chat, messages, tools)
+        ending = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        return await self._in_pool(self._render_chat, messages, tools, ending)
 
     async def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._in_pool(self._encode, text, add_special_tokens)
 
     async def decode(self, token_ids: list[int]) -> str:
         return await self._in_pool(self._decode, token_ids)
+
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each token as the vocabulary writes it (byte-level pieces included, e.g. 'Ġthe')."""
+        return await self._in_pool(self._token_strings, token_ids)
 
     def longest_token_chars(self) -> int:
         """The most characters one token of the vocabulary decodes to (bounds how few tokens a text can take)."""
@@ -146,12 +157,12 @@ class TokenizerService:
             text = self._token_texts[token_id] = str(self._single.decode([token_id], skip_special_tokens=False))
         return text
 
-    def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def _render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, ending: dict[str, bool]
+    ) -> list[int]:
         with self._own() as tokenizer:
             try:
-                text = tokenizer.apply_chat_template(
-                    messages, tools=tools or None, add_generation_prompt=True, tokenize=False
-                )
+                text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, **ending)
             except Exception as exc:  # template errors are the request's fault (e.g. role order)
                 message = f"the chat template rejected these messages: {exc}"
                 raise BadRequestError(message, param="messages") from exc
@@ -166,6 +177,10 @@ class TokenizerService:
     def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._own() as tokenizer:
             return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _token_strings(self, token_ids: list[int]) -> list[str]:
+        with self._own() as tokenizer:
+            return [str(token) for token in tokenizer.convert_ids_to_tokens(token_ids)]
 
     def _decode(self, token_ids: list[int]) -> str:
         with self._own() as tokenizer:

@@ -1,0 +1,63 @@
+"""/tokenize and /detokenize in vLLM's shapes: routers and clients count tokens with them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
+
+from transformers_openai.protocol.base import Strict, Text
+from transformers_openai.protocol.text import ChatMessage, TokenId
+from transformers_openai.protocol.tools import Tool
+
+
+class TokenizeTextRequest(Strict):
+    """A plain prompt, tokenized as /v1/completions would."""
+
+    model: Text | None = None
+    prompt: Text
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(Strict):
+    """Messages rendered by the chat template, tokenized as /v1/chat/completions would."""
+
+    model: Text | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> TokenizeChatRequest:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("'continue_final_message' needs 'add_generation_prompt': false")
+        return self
+
+
+def _shape(body: Any) -> Literal["chat", "text"]:
+    return "chat" if isinstance(body, dict) and "messages" in body else "text"
+
+
+TokenizeRequest = Annotated[
+    Annotated[TokenizeChatRequest, Tag("chat")] | Annotated[TokenizeTextRequest, Tag("text")],
+    Discriminator(_shape),
+]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(Strict):
+    model: Text | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -1,0 +1,57 @@
+"""POST /tokenize and /detokenize: the prompt's tokens exactly as generation would see them, and back."""
+
+from __future__ import annotations
+
+from transformers_openai.protocol.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeResponse,
+    TokenizeTextRequest,
+)
+from transformers_openai.serving.chat_tools import ChatTools
+from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
+
+
+class TokenizeHandler:
+    """Counts and lists tokens with the served tokenizer; `tools` renders offered tools as chat does (None for a model
+    without chat)."""
+
+    endpoint = "tokenize"
+
+    def __init__(self, ctx: ServingContext, tools: ChatTools | None) -> None:
+        self.ctx = ctx
+        self._tools = tools
+
+    async def tokenize(self, request: TokenizeTextRequest | TokenizeChatRequest) -> TokenizeResponse:
+        self._check_model(request.model)
+        tokenizer = self.ctx.tokenizer
+        if isinstance(request, TokenizeTextRequest):
+            ids = await tokenizer.encode_text(request.prompt, request.add_special_tokens)
+        else:
+            tools = None
+            if request.tools:
+                if self._tools is None:
+                    raise BadRequestError("this model does not call tools", param="tools")
+                tools = self._tools.template_tools(request.tools)
+            messages = [message.for_template() for message in request.messages]
+            ids = await tokenizer.encode_chat(
+                messages, tools, request.add_generation_prompt, request.continue_final_message
+            )
+        strings = await tokenizer.token_strings(ids) if request.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=self.ctx.max_model_len, tokens=ids, token_strs=strings)
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self._check_model(request.model)
+        vocab = self.ctx.tokenizer.vocab_size
+        unknown = [token for token in request.tokens if token >= vocab]
+        if unknown:
+            raise BadRequestError(
+                f"token id {unknown[0]} is not in the vocabulary (ids go from 0 to {vocab - 1})", param="tokens"
+            )
+        return DetokenizeResponse(prompt=await self.ctx.tokenizer.decode(list(request.tokens)))
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.ctx.model_aliases:
+            raise ModelNotFoundError(f"the model '{model}' does not exist", param="model")
