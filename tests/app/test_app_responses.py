@@ -20,6 +20,7 @@ from tests.app.support import MODEL, assert_error, make_app, make_context, runni
 from tests.app.test_app_tools import CALL_PIECES, TEMPLATE
 from transformers_openai.api.state import Handlers
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 
@@ -290,3 +291,19 @@ def test_a_speech_model_refuses_responses_as_it_refuses_chat() -> None:
     with pytest.raises(BadRequestError) as refused:
         handlers.responses  # noqa: B018
     assert refused.value.param == "model" and refused.value.code == "model_not_supported"
+
+
+async def test_the_cheap_prompt_limits_hold_for_input_items(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    limits = PromptLimits(
+        max_messages=2, max_content_parts=4, max_prompt_tokens=100, max_token_chars=4, max_sequences=8
+    )
+    async with await serve(fake, hf_tokenizer, prompt_limits=limits) as client:
+        three = [{"role": "user", "content": "Hi"}] * 3
+        error = assert_error(await client.post(RESPONSES, json=body(input=three)), 400, param="input")
+        assert error["code"] == "too_many_messages"
+        error = assert_error(await client.post(RESPONSES, json=body(input="x" * 401)), 400, param="input")
+        assert error["code"] == "context_length_exceeded"
+        output = [{"type": "function_call_output", "call_id": "c", "output": "x" * 401}]
+        error = assert_error(await client.post(RESPONSES, json=body(input=output)), 400, param="input")
+        assert error["code"] == "context_length_exceeded"
+        assert not fake.submitted

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.routes import respond
+from transformers_openai.api.routes import _SSE_EVENT, _json_body, respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
 from transformers_openai.serving.responses import ResponsesHandler
@@ -18,7 +18,7 @@ _CREATED: dict[int | str, dict[str, Any]] = {
         "model": ResponseObject,
         "description": "The response; with stream=true, Server-Sent Events named by their type, from "
         "`response.created` to `response.completed` (or `response.incomplete`, or `error`)",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
     },
     **_ERRORS,
 }
@@ -29,10 +29,18 @@ def _handler(request: Request) -> ResponsesHandler:
     return state.handlers().responses
 
 
+async def _limits(request: Request) -> None:
+    """Cheap limits on the raw body, before FastAPI validates it (as chat's)."""
+    state: AppState = request.app.state.serving
+    limits = state.context().prompt_limits
+    if limits is not None:
+        limits.check_responses(await _json_body(request))
+
+
 def build_responses_router() -> APIRouter:
     router = APIRouter()
 
-    @router.post("/responses", responses=_CREATED, response_model=None)
+    @router.post("/responses", responses=_CREATED, response_model=None, dependencies=[Depends(_limits)])
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         handler = _handler(request)
         request.app.state.metrics.on_request(handler.endpoint)
