@@ -60,7 +60,10 @@ class ResponseStream:
         return await self._events.__anext__()
 
     async def aclose(self) -> None:
-        await self._events.aclose()
+        try:
+            await self._events.aclose()
+        finally:  # also when no event was asked for yet: the chat stream aborts what is unfinished
+            await self._chunks.aclose()  # type: ignore[attr-defined]
 
     def error_event(self, error: OpenAIError) -> ResponseEvent:
         """The event that reports a failure after the stream began."""
