@@ -244,6 +244,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         structured=structured,
         tool_format=tool_format,
         prompt_limits=limits,
+        max_stored_responses=settings.max_stored_responses,
     )
 
 

@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         gt=0,
         description="A stream whose client has not taken data for this many seconds is aborted and its row freed.",
     )
+    max_stored_responses: int = Field(
+        1000,
+        ge=0,
+        description="Responses of /v1/responses kept in memory for GET and previous_response_id, least recently "
+        "used dropped first; 0 stores none.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     log_format: Literal["text", "json"] = Field("text", description="Log lines as plain text or one JSON object each.")
 

@@ -39,8 +39,9 @@ def hanging() -> FakeEngine:
         (COMPLETIONS, completion_body()),
         pytest.param(CHAT, chat_body(n=2)),
         pytest.param(COMPLETIONS, completion_body(prompt=["a", "b"])),
+        pytest.param("/v1/responses", {"model": MODEL, "input": "Hi"}),
     ],
-    ids=["chat", "completions", "chat-n2", "completions-2-prompts"],
+    ids=["chat", "completions", "chat-n2", "completions-2-prompts", "responses"],
 )
 async def test_stream_closed_after_first_chunk_aborts(
     hanging: FakeEngine, hf_tokenizer: Any, path: str, body: dict[str, Any]
@@ -59,12 +60,19 @@ async def test_stream_closed_after_first_chunk_aborts(
     assert b"[DONE]" not in b"".join(exchange.chunks)
 
 
-async def test_non_streaming_disconnect_aborts_and_answers_499(hanging: FakeEngine, hf_tokenizer: Any) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "rows"),
+    [(CHAT, chat_body(n=2), 2), ("/v1/responses", {"model": MODEL, "input": "Hi"}, 1)],
+    ids=["chat", "responses"],
+)
+async def test_non_streaming_disconnect_aborts_and_answers_499(
+    hanging: FakeEngine, hf_tokenizer: Any, path: str, body: dict[str, Any], rows: int
+) -> None:
     app = make_app(hanging, hf_tokenizer)
     async with running(app):
-        exchange = RawExchange(app, CHAT, chat_body(n=2))
+        exchange = RawExchange(app, path, body)
         task = asyncio.create_task(exchange.run())
-        await wait_until(lambda: len(hanging.in_flight) == 2)
+        await wait_until(lambda: len(hanging.in_flight) == rows)
         exchange.disconnect.set()
         await asyncio.wait_for(task, 5)
     assert exchange.status == 499

@@ -111,6 +111,7 @@ def test_no_server_errors_and_every_response_as_documented(api_schema: schemathe
 KNOWN_GOOD = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
     "/v1/completions": {"prompt": "Hi", "max_tokens": 4, "n": 2, "logprobs": 1},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 4},
 }
 
 

@@ -13,6 +13,7 @@ from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
 from transformers_openai.api.openapi import install_openapi
+from transformers_openai.api.response_routes import build_responses_router
 from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
@@ -50,9 +51,11 @@ def create_app(
     install_openapi(app)
     router = build_router()
     audio = build_audio_router()
+    responses = build_responses_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
+        app.include_router(responses, prefix=prefix)
     app.include_router(build_ops_router())
     # Added innermost first: CORS answers preflights before auth; the request id wraps everything else.
     # An upload's form may hold the largest audio file accepted plus its other fields.

@@ -1,22 +1,31 @@
-"""The one SSE helper: pydantic chunks as `data:` events, an error event on failure, then `data: [DONE]`."""
+"""The one SSE helper: pydantic chunks as `data:` events, an error event on failure, then `data: [DONE]`; or, for a
+stream of named events (/v1/responses), each as `event: <type>` with its data, and no `[DONE]`."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
-from transformers_openai.serving.errors import ServiceUnavailableError, to_openai_error
+from transformers_openai.serving.errors import OpenAIError, ServiceUnavailableError, to_openai_error
 
 logger = logging.getLogger(__name__)
 
 # Keep-alive comments let proxies hold long, quiet streams open; the OpenAI client ignores them.
 PING_INTERVAL_S = 15
+
+
+@runtime_checkable
+class NamedEventStream(Protocol):
+    """A stream whose events name themselves (their `type`) and report a failure as an event of their own."""
+
+    def error_event(self, error: OpenAIError) -> BaseModel: ...
 
 
 @dataclass(frozen=True)
@@ -62,18 +71,24 @@ class _EventStream(EventSourceResponse):
             self._ends.on_disconnect()
 
     async def _events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[ServerSentEvent]:
+        named = chunks if isinstance(chunks, NamedEventStream) else None
         try:
             async for chunk in chunks:
-                yield ServerSentEvent(data=chunk.model_dump_json())
+                event = getattr(chunk, "type", None) if named else None
+                yield ServerSentEvent(data=chunk.model_dump_json(), event=event)
         except Exception as exc:  # the status line is sent already: report in-band
             error = to_openai_error(exc)
             if error.status_code >= 500 and not isinstance(error, ServiceUnavailableError):
                 logger.exception("stream failed")  # a shutdown is not a failure: the server logs it once
-            yield ServerSentEvent(data=error.body().model_dump_json())
+            if named is not None:
+                yield ServerSentEvent(data=named.error_event(error).model_dump_json(), event="error")
+            else:
+                yield ServerSentEvent(data=error.body().model_dump_json())
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
         self._complete = True
-        yield ServerSentEvent(data="[DONE]")
+        if named is None:
+            yield ServerSentEvent(data="[DONE]")
 
 
 def sse_response(

@@ -12,6 +12,8 @@ from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
+from transformers_openai.serving.response_store import ResponseStore
+from transformers_openai.serving.responses import ResponsesHandler
 from transformers_openai.serving.tokenize import TokenizeHandler
 from transformers_openai.serving.transcription import TranscriptionHandler
 
@@ -28,6 +30,7 @@ class Handlers:
     text: tuple[ChatHandler, CompletionHandler] | None
     speech: TranscriptionHandler | None
     tokenize: TokenizeHandler  # every model kind has a tokenizer
+    text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
 
     @property
     def chat(self) -> ChatHandler:
@@ -36,6 +39,12 @@ class Handlers:
     @property
     def completions(self) -> CompletionHandler:
         return self._text()[1]
+
+    @property
+    def responses(self) -> ResponsesHandler:
+        self._text()  # a speech model: the same 400 as chat
+        assert self.text_responses is not None  # built whenever `text` is
+        return self.text_responses
 
     @property
     def transcriptions(self) -> TranscriptionHandler:
@@ -63,7 +72,9 @@ class Handlers:
         text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
         speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
         tokenize = TokenizeHandler(context, text[0].tools if text is not None else None)
-        return cls(context.model_name, text, speech, tokenize)
+        store = ResponseStore(context.max_stored_responses)
+        responses = ResponsesHandler(text[0], store) if text is not None else None
+        return cls(context.model_name, text, speech, tokenize, text_responses=responses)
 
 
 class AppState:

@@ -86,3 +86,4 @@ class ServingContext:
     structured: StructuredOutputs | None = None  # response_format's schemas and forced tool calls (text models)
     tool_format: ToolFormat = HERMES  # how the model writes tool calls
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
+    max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none

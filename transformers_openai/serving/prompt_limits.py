@@ -36,34 +36,49 @@ class PromptLimits:
 
     def check_chat(self, body: Any) -> None:
         """Refuses a chat body over a limit; anything malformed is left to validation."""
+        if isinstance(body, dict):
+            self._check_messages(body.get("messages"), "messages", ("content",))
+
+    def check_responses(self, body: Any) -> None:
+        """Refuses a /v1/responses body over a limit: its input items count as chat messages."""
         if not isinstance(body, dict):
             return
-        messages = body.get("messages")
+        items = body.get("input")
+        if isinstance(items, str):
+            self._check_chars(len(items), "input")
+        else:
+            self._check_messages(items, "input", ("content", "output", "arguments"))
+
+    def _check_messages(self, messages: Any, param: str, text_keys: tuple[str, ...]) -> None:
         if not isinstance(messages, list):
             return
+        noun = "messages" if param == "messages" else "input items"
         if len(messages) > self.max_messages:
             raise BadRequestError(
-                f"'messages' has {len(messages)} messages; this server takes at most {self.max_messages} "
+                f"'{param}' has {len(messages)} {noun}; this server takes at most {self.max_messages} "
                 "(--max-chat-messages)",
-                param="messages",
+                param=param,
                 code="too_many_messages",
             )
         parts = chars = 0
         for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                parts += len(content)
-                chars += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            for key in text_keys:
+                content = message.get(key) if isinstance(message, dict) else None
+                if isinstance(content, str):
+                    chars += len(content)
+                elif isinstance(content, list):
+                    parts += len(content)
+                    chars += sum(
+                        len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    )
         if parts > self.max_content_parts:
             raise BadRequestError(
-                f"the messages have {parts} content parts together; this server takes at most "
+                f"the {noun} have {parts} content parts together; this server takes at most "
                 f"{self.max_content_parts} (--max-content-parts)",
-                param="messages",
+                param=param,
                 code="too_many_content_parts",
             )
-        self._check_chars(chars, "messages")
+        self._check_chars(chars, param)
 
     def check_completion(self, body: Any) -> None:
         """Refuses a completions body whose prompts could never be served; the rest is left to validation."""

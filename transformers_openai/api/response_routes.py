@@ -1,0 +1,58 @@
+"""/v1/responses: create a response (JSON or named SSE events), and get or delete a stored one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from transformers_openai.api.openapi import error_responses
+from transformers_openai.api.routes import _SSE_EVENT, _json_body, respond
+from transformers_openai.api.state import AppState
+from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
+from transformers_openai.serving.responses import ResponsesHandler
+
+_ERRORS = error_responses(400, 401, 404, 408, 413, 429, 503)
+_CREATED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": ResponseObject,
+        "description": "The response; with stream=true, Server-Sent Events named by their type, from "
+        "`response.created` to `response.completed` (or `response.incomplete`, or `error`)",
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+    },
+    **_ERRORS,
+}
+
+
+def _handler(request: Request) -> ResponsesHandler:
+    state: AppState = request.app.state.serving
+    return state.handlers().responses
+
+
+async def _limits(request: Request) -> None:
+    """Cheap limits on the raw body, before FastAPI validates it (as chat's)."""
+    state: AppState = request.app.state.serving
+    limits = state.context().prompt_limits
+    if limits is not None:
+        limits.check_responses(await _json_body(request))
+
+
+def build_responses_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/responses", responses=_CREATED, response_model=None, dependencies=[Depends(_limits)])
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        handler = _handler(request)
+        request.app.state.metrics.on_request(handler.endpoint)
+        return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
+
+    @router.get("/responses/{response_id}", responses=_ERRORS)
+    async def get_response(response_id: str, request: Request) -> ResponseObject:
+        return _handler(request).get(response_id)
+
+    @router.delete("/responses/{response_id}", responses=_ERRORS)
+    async def delete_response(response_id: str, request: Request) -> DeletedResponse:
+        _handler(request).delete(response_id)
+        return DeletedResponse(id=response_id)
+
+    return router

@@ -1,0 +1,187 @@
+"""A streamed chat answer as the Responses events: created, in_progress, each output item opened, filled by deltas
+and closed, then completed (or incomplete), numbered in order."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+
+from transformers_openai.protocol import ChatCompletionChunk, DeltaToolCall
+from transformers_openai.protocol.response_events import (
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
+    ContentPartEvent,
+    ErrorEvent,
+    OutputItemEvent,
+    ResponseEvent,
+    ResponseStateEvent,
+    TextDeltaEvent,
+    TextDoneEvent,
+)
+from transformers_openai.protocol.responses import (
+    ItemStatus,
+    OutputFunctionCall,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponseUsage,
+)
+from transformers_openai.serving.errors import OpenAIError
+
+
+class ResponseStream:
+    """The events of one streamed response; an async iterator the SSE helper sends as named events.
+
+    `on_finished` gets the finished response (to be stored) before the last event is sent.
+    """
+
+    def __init__(
+        self,
+        skeleton: ResponseObject,
+        chunks: AsyncIterator[ChatCompletionChunk],
+        on_finished: Callable[[ResponseObject], None],
+    ) -> None:
+        self._skeleton = skeleton
+        self._chunks = chunks
+        self._on_finished = on_finished
+        self._sequence = 0
+        self._output: list[OutputItem] = []
+        self._message: OutputMessage | None = None  # the open message item
+        self._call: OutputFunctionCall | None = None  # the open function call item
+        self._cut = False
+        self._usage: ResponseUsage | None = None
+        self._events: AsyncGenerator[ResponseEvent] = self._generate()
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> ResponseEvent:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:  # also when no event was asked for yet: the chat stream aborts what is unfinished
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    def error_event(self, error: OpenAIError) -> ResponseEvent:
+        """The event that reports a failure after the stream began."""
+        return self._numbered(ErrorEvent(code=error.code or error.type, message=error.message, param=error.param))
+
+    async def _generate(self) -> AsyncGenerator[ResponseEvent]:
+        try:
+            yield self._state("response.created", self._skeleton)
+            yield self._state("response.in_progress", self._skeleton)
+            async for chunk in self._chunks:
+                for event in self._read(chunk):
+                    yield event
+            if not self._output and self._message is None and self._call is None:
+                for event in self._open_message():  # an answer of no text is still a message
+                    yield event
+            for event in self._close():
+                yield event
+            done = self._concluded()
+            self._on_finished(done)
+            yield self._state("response.incomplete" if self._cut else "response.completed", done)
+        finally:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    def _read(self, chunk: ChatCompletionChunk) -> Iterator[ResponseEvent]:
+        if chunk.usage is not None:
+            usage = chunk.usage
+            self._usage = ResponseUsage(
+                input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+            )
+        for choice in chunk.choices:
+            if choice.delta.content:
+                yield from self._text(choice.delta.content)
+            for call in choice.delta.tool_calls or []:
+                yield from self._call_piece(call)
+            if choice.finish_reason is not None:
+                self._cut = choice.finish_reason == "length"
+
+    def _text(self, delta: str) -> Iterator[ResponseEvent]:
+        if self._message is None:
+            yield from self._close()
+            yield from self._open_message()
+        message = self._message
+        assert message is not None
+        message.content[0].text += delta
+        yield self._numbered(TextDeltaEvent(item_id=message.id, output_index=len(self._output), delta=delta))
+
+    def _open_message(self) -> Iterator[ResponseEvent]:
+        self._message = OutputMessage(id=f"msg_{uuid.uuid4().hex}", status="in_progress", content=[])
+        index = len(self._output)
+        yield self._numbered(
+            OutputItemEvent(
+                type="response.output_item.added", output_index=index, item=self._message.model_copy(deep=True)
+            )
+        )
+        part = OutputText(text="")
+        yield self._numbered(
+            ContentPartEvent(
+                type="response.content_part.added", item_id=self._message.id, output_index=index, part=part
+            )
+        )
+        self._message.content.append(part.model_copy())
+
+    def _call_piece(self, piece: DeltaToolCall) -> Iterator[ResponseEvent]:
+        if piece.id is not None or self._call is None:  # a call's first piece carries its id and name
+            yield from self._close()
+            self._call = OutputFunctionCall(
+                id=f"fc_{uuid.uuid4().hex}",
+                call_id=piece.id or f"call_{uuid.uuid4().hex[:24]}",
+                name=piece.function.name or "",
+                arguments="",
+                status="in_progress",
+            )
+            item = self._call.model_copy()
+            yield self._numbered(
+                OutputItemEvent(type="response.output_item.added", output_index=len(self._output), item=item)
+            )
+        call = self._call
+        if piece.function.arguments:
+            call.arguments += piece.function.arguments
+            event = ArgumentsDeltaEvent(item_id=call.id, output_index=len(self._output), delta=piece.function.arguments)
+            yield self._numbered(event)
+
+    def _close(self) -> Iterator[ResponseEvent]:
+        """Ends the open item, if any, and adds it to the output."""
+        index = len(self._output)
+        status: ItemStatus = "incomplete" if self._cut else "completed"
+        if self._message is not None:
+            message, self._message = self._message, None
+            part = message.content[0]
+            yield self._numbered(TextDoneEvent(item_id=message.id, output_index=index, text=part.text))
+            yield self._numbered(
+                ContentPartEvent(
+                    type="response.content_part.done", item_id=message.id, output_index=index, part=part.model_copy()
+                )
+            )
+            message.status = status
+            self._output.append(message)
+            yield self._numbered(
+                OutputItemEvent(
+                    type="response.output_item.done", output_index=index, item=message.model_copy(deep=True)
+                )
+            )
+        if self._call is not None:
+            call, self._call = self._call, None
+            yield self._numbered(ArgumentsDoneEvent(item_id=call.id, output_index=index, arguments=call.arguments))
+            call.status = status
+            self._output.append(call)
+            yield self._numbered(
+                OutputItemEvent(type="response.output_item.done", output_index=index, item=call.model_copy(deep=True))
+            )
+
+    def _concluded(self) -> ResponseObject:
+        return self._skeleton.concluded(self._output, self._cut, self._usage)
+
+    def _state(self, kind: str, response: ResponseObject) -> ResponseEvent:
+        return self._numbered(ResponseStateEvent(type=kind, response=response))  # type: ignore[arg-type]
+
+    def _numbered(self, event: ResponseEvent) -> ResponseEvent:
+        event.sequence_number = self._sequence
+        self._sequence += 1
+        return event

@@ -1,0 +1,262 @@
+"""POST /v1/responses: a Responses request becomes a chat request run by the chat handler (the one path for
+templating, sampling, tools and structured output); its answer becomes a response object or the Responses events."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from transformers_openai.protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, StreamOptions
+from transformers_openai.protocol.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    ItemStatus,
+    MessageItem,
+    OutputFunctionCall,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseUsage,
+)
+from transformers_openai.protocol.text import ResponseFormat
+from transformers_openai.protocol.tools import ChosenFunction, FunctionDefinition, NamedToolChoice, Tool, ToolChoice
+from transformers_openai.serving.chat import ChatHandler
+from transformers_openai.serving.disconnect import WaitDisconnect
+from transformers_openai.serving.errors import BadRequestError, NotFoundError
+from transformers_openai.serving.response_store import ResponseStore, StoredResponse
+from transformers_openai.serving.response_stream import ResponseStream
+
+# The chat request's fields as this endpoint names them, for the `param` of a 400.
+_PARAMS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
+
+
+class ResponsesHandler:
+    endpoint = "responses"  # its name in the metrics
+
+    def __init__(self, chat: ChatHandler, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    async def create(
+        self, request: ResponsesRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
+    ) -> ResponseObject | ResponseStream:
+        history = self._history(request.previous_response_id)
+        new_messages = input_messages(request.input, history)
+        chat_request = chat_request_of(request, [*instructions_messages(request), *history, *new_messages])
+        skeleton = self._skeleton(request)
+        try:
+            result = await self.chat.create(chat_request, wait_disconnect, request_id)
+        except BadRequestError as exc:
+            exc.param = _PARAMS.get(exc.param or "", exc.param)
+            raise
+        conversation = (*history, *new_messages)
+        if not isinstance(result, AsyncIterator):
+            assert isinstance(result, ChatCompletionResponse)
+            response = finished_response(skeleton, result)
+            self._remember(request, response, conversation)
+            return response
+        chunks: AsyncIterator[Any] = result  # chat's chunks
+        return ResponseStream(skeleton, chunks, lambda done: self._remember(request, done, conversation))
+
+    def get(self, response_id: str) -> ResponseObject:
+        return self._stored(response_id).response
+
+    def delete(self, response_id: str) -> None:
+        if not self.store.delete(response_id):
+            raise _not_found(response_id)
+
+    def _stored(self, response_id: str) -> StoredResponse:
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise _not_found(response_id)
+        return entry
+
+    def _history(self, previous_response_id: str | None) -> tuple[ChatMessage, ...]:
+        if previous_response_id is None:
+            return ()
+        entry = self.store.get(previous_response_id)
+        if entry is None:
+            raise BadRequestError(
+                f"Previous response with id '{previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        return entry.conversation
+
+    def _skeleton(self, request: ResponsesRequest) -> ResponseObject:
+        """The response before its output: an id and the request's settings, echoed."""
+        return ResponseObject(
+            id=f"resp_{uuid.uuid4().hex}",
+            status="in_progress",
+            model=request.model,
+            instructions=request.instructions,
+            max_output_tokens=request.max_output_tokens,
+            metadata=request.metadata or {},
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            previous_response_id=request.previous_response_id,
+            store=request.is_stored() and self.store.capacity > 0,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            text=request.text.model_dump(by_alias=True, exclude_none=True)
+            if request.text
+            else {"format": {"type": "text"}},
+            tool_choice=_dumped(request.tool_choice) if request.tool_choice is not None else "auto",
+            tools=[tool.model_dump(exclude_none=True) for tool in request.tools or []],
+            user=request.user,
+        )
+
+    def _remember(
+        self, request: ResponsesRequest, response: ResponseObject, conversation: Sequence[ChatMessage]
+    ) -> None:
+        if request.is_stored():
+            self.store.put(StoredResponse(response, (*conversation, *output_messages(response.output))))
+
+
+def _dumped(choice: Any) -> Any:
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+# ---------------------------------------------------------------- the request as a chat request
+
+
+def instructions_messages(request: ResponsesRequest) -> list[ChatMessage]:
+    if request.instructions is None:
+        return []
+    return [ChatMessage(role="system", content=request.instructions)]
+
+
+def input_messages(items: str | list[InputItem], history: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The input as chat messages: a model's calls join its assistant message, each output a tool message."""
+    if isinstance(items, str):
+        return [ChatMessage(role="user", content=items)]
+    names = {call.id: call.function.name for m in history for call in m.tool_calls or []}
+    messages: list[ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            messages.append(ChatMessage(role=item.role, content=item.text()))
+        elif isinstance(item, FunctionCallItem):
+            names[item.call_id] = item.name
+            call = {"id": item.call_id, "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = ChatMessage.model_validate(
+                    {**_as_dict(last), "tool_calls": [*(_as_dict(last).get("tool_calls") or []), call]}
+                )
+            else:
+                messages.append(ChatMessage.model_validate({"role": "assistant", "content": "", "tool_calls": [call]}))
+        elif isinstance(item, FunctionCallOutputItem):
+            if item.call_id not in names:
+                raise BadRequestError(
+                    f"No tool call found for function call output with call_id '{item.call_id}'.", param="input"
+                )
+            messages.append(
+                ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id, name=names[item.call_id])
+            )
+    return messages
+
+
+def _as_dict(message: ChatMessage) -> dict[str, Any]:
+    return message.model_dump(exclude_none=True)
+
+
+def output_messages(output: Sequence[OutputItem]) -> list[ChatMessage]:
+    """A response's output as the assistant message it continues the conversation with."""
+    text = "".join(part.text for item in output if isinstance(item, OutputMessage) for part in item.content)
+    calls = [
+        {"id": item.call_id, "function": {"name": item.name, "arguments": item.arguments}}
+        for item in output
+        if isinstance(item, OutputFunctionCall)
+    ]
+    return [ChatMessage.model_validate({"role": "assistant", "content": text, "tool_calls": calls or None})]
+
+
+def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> ChatCompletionRequest:
+    tools = [
+        Tool(
+            type="function",
+            function=FunctionDefinition(
+                name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict
+            ),
+        )
+        for tool in request.tools or []
+    ]
+    choice: ToolChoice | None = None
+    if isinstance(request.tool_choice, str):
+        choice = request.tool_choice
+    elif request.tool_choice is not None:
+        choice = NamedToolChoice(type="function", function=ChosenFunction(name=request.tool_choice.name))
+    try:
+        fields: dict[str, Any] = {
+            "model": request.model,
+            "messages": messages,
+            "max_completion_tokens": request.max_output_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "tools": tools or None,
+            "tool_choice": choice,
+            "parallel_tool_calls": request.parallel_tool_calls,
+            "response_format": _response_format(request),
+            "stream": bool(request.stream),
+            "stream_options": StreamOptions(include_usage=True) if request.stream else None,
+            "user": request.user,
+        }
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise BadRequestError(message, param=_PARAMS.get(field or "", field), code="invalid_value") from None
+
+
+def _response_format(request: ResponsesRequest) -> ResponseFormat | None:
+    form = request.text.format if request.text else None
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return ResponseFormat(type="json_object")
+    schema = {"name": form.name, "schema": form.schema_, "description": form.description, "strict": form.strict}
+    return ResponseFormat.model_validate({"type": "json_schema", "json_schema": schema})
+
+
+# ---------------------------------------------------------------- the chat answer as a response
+
+
+def finished_response(skeleton: ResponseObject, completion: ChatCompletionResponse) -> ResponseObject:
+    choice = completion.choices[0]
+    cut = choice.finish_reason == "length"
+    status: ItemStatus = "incomplete" if cut else "completed"
+    output: list[OutputItem] = []
+    calls = choice.message.tool_calls or []
+    if choice.message.content or not calls:
+        text = OutputText(text=choice.message.content or "")
+        output.append(OutputMessage(id=f"msg_{uuid.uuid4().hex}", status=status, content=[text]))
+    for call in calls:
+        function = call.function
+        item = OutputFunctionCall(
+            id=f"fc_{uuid.uuid4().hex}",
+            call_id=call.id,
+            name=function.name,
+            arguments=function.arguments,
+            status=status,
+        )
+        output.append(item)
+    usage = completion.usage
+    counts = ResponseUsage(
+        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+    )
+    return skeleton.concluded(output, cut, counts)
