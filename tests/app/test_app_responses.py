@@ -287,7 +287,7 @@ async def test_what_clients_send_by_default_is_accepted(client: httpx.AsyncClien
 
 
 def test_a_speech_model_refuses_responses_as_it_refuses_chat() -> None:
-    handlers = Handlers("whisper", text=None, speech=None)
+    handlers = Handlers("whisper", text=None, speech=None, tokenize=None)  # type: ignore[arg-type]  # not read here
     with pytest.raises(BadRequestError) as refused:
         handlers.responses  # noqa: B018
     assert refused.value.param == "model" and refused.value.code == "model_not_supported"

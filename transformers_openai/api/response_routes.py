@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.routes import _SSE_EVENT, _json_body, respond
+from transformers_openai.api.routes import SSE_EVENT, json_body, respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
 from transformers_openai.serving.responses import ResponsesHandler
@@ -18,7 +18,7 @@ _CREATED: dict[int | str, dict[str, Any]] = {
         "model": ResponseObject,
         "description": "The response; with stream=true, Server-Sent Events named by their type, from "
         "`response.created` to `response.completed` (or `response.incomplete`, or `error`)",
-        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
     },
     **_ERRORS,
 }
@@ -34,7 +34,7 @@ async def _limits(request: Request) -> None:
     state: AppState = request.app.state.serving
     limits = state.context().prompt_limits
     if limits is not None:
-        limits.check_responses(await _json_body(request))
+        limits.check_responses(await json_body(request))
 
 
 def build_responses_router() -> APIRouter:

@@ -49,16 +49,16 @@ async def _chat_limits(request: Request) -> None:
     """Cheap limits on the raw body, before FastAPI validates it (runs as a dependency, after the JSON parse)."""
     limits = _state(request).context().prompt_limits
     if limits is not None:
-        limits.check_chat(await _json_body(request))
+        limits.check_chat(await json_body(request))
 
 
 async def _completion_limits(request: Request) -> None:
     limits = _state(request).context().prompt_limits
     if limits is not None:
-        limits.check_completion(await _json_body(request))
+        limits.check_completion(await json_body(request))
 
 
-async def _json_body(request: Request) -> Any:
+async def json_body(request: Request) -> Any:
     try:
         return await request.json()  # FastAPI parsed it already: the parse is cached
     except ValueError:
@@ -102,7 +102,7 @@ async def _generate(handler: GenerationHandler[Any], body: Any, request: Request
 
 
 # One Server-Sent Event (OpenAPI before 3.2 describes an event stream by its events).
-_SSE_EVENT = {
+SSE_EVENT = {
     "type": "object",
     "required": ["data"],
     "properties": {
@@ -118,7 +118,7 @@ def _generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, A
     ok = {
         "model": model,
         "description": "The completion; with stream=true, Server-Sent Events of chunks ending in `data: [DONE]`",
-        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
     }
     return {200: ok, **_ERRORS}
 
