@@ -11,6 +11,7 @@ from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
 from transformers_openai.serving.context import Capability, ServingContext
+from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
 from transformers_openai.serving.transcription import TranscriptionHandler
 
@@ -26,6 +27,7 @@ class Handlers:
     model_name: str
     text: tuple[ChatHandler, CompletionHandler] | None
     speech: TranscriptionHandler | None
+    embedder: EmbeddingHandler | None = None
 
     @property
     def chat(self) -> ChatHandler:
@@ -36,7 +38,20 @@ class Handlers:
         return self._text()[1]
 
     @property
+    def embeddings(self) -> EmbeddingHandler:
+        if self.embedder is None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' is not served as an embedding model; start the server with an "
+                "embedding model, or with --model-kind embedding for a decoder's last-token vectors",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.embedder
+
+    @property
     def transcriptions(self) -> TranscriptionHandler:
+        if self.embedder is not None:
+            raise self._embedding_only()
         if self.speech is None:
             raise BadRequestError(
                 f"the model '{self.model_name}' is a text model: it does not take audio; "
@@ -46,7 +61,16 @@ class Handlers:
             )
         return self.speech
 
+    def _embedding_only(self) -> BadRequestError:
+        return BadRequestError(
+            f"the model '{self.model_name}' is an embedding model: it does not generate text; use /v1/embeddings",
+            param="model",
+            code="model_not_supported",
+        )
+
     def _text(self) -> tuple[ChatHandler, CompletionHandler]:
+        if self.text is None and self.embedder is not None:
+            raise self._embedding_only()
         if self.text is None:
             raise BadRequestError(
                 f"the model '{self.model_name}' is a speech recognition model: it does not take text prompts; "
@@ -60,7 +84,8 @@ class Handlers:
     def for_context(cls, context: ServingContext) -> Handlers:
         text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
         speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
-        return cls(context.model_name, text, speech)
+        embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
+        return cls(context.model_name, text, speech, embedder)
 
 
 class AppState:

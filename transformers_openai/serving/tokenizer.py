@@ -118,6 +118,11 @@ class TokenizerService:
     async def decode(self, token_ids: list[int]) -> str:
         return await self._in_pool(self._decode, token_ids)
 
+    async def encode_texts(self, texts: list[str], max_length: int | None = None) -> list[list[int]]:
+        """Token ids of each text with the model's special tokens; with `max_length`, cut to it as the tokenizer
+        truncates (its special tokens kept)."""
+        return await self._in_pool(self._encode_many, texts, max_length)
+
     def longest_token_chars(self) -> int:
         """The most characters one token of the vocabulary decodes to (bounds how few tokens a text can take)."""
         with self._lock:
@@ -166,6 +171,11 @@ class TokenizerService:
     def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._own() as tokenizer:
             return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _encode_many(self, texts: list[str], max_length: int | None) -> list[list[int]]:
+        with self._own() as tokenizer:
+            cut = {"truncation": True, "max_length": max_length} if max_length is not None else {}
+            return [list(ids) for ids in tokenizer(texts, **cut)["input_ids"]]
 
     def _decode(self, token_ids: list[int]) -> str:
         with self._own() as tokenizer:
