@@ -11,7 +11,11 @@ import torch
 from transformers import AutoModel, PretrainedConfig
 from transformers.utils.hub import cached_file
 
-from transformers_openai.engine.embedding_engine import EmbeddingEngine
+from transformers_openai.engine.embedding_engine import (
+    CPU_FORWARD_COST_TOKENS,
+    GPU_FORWARD_COST_TOKENS,
+    EmbeddingEngine,
+)
 from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.embedding import EmbeddingRunner
 from transformers_openai.runners.pooling import PoolingSpec, read_sentence_transformers
@@ -113,6 +117,7 @@ def load_embedding_context(
         max_tokens=settings.max_prefill_tokens,
         max_requests=settings.max_batch_size + settings.max_queue,
         threads=threads,
+        forward_cost=CPU_FORWARD_COST_TOKENS if model.device.type == "cpu" else GPU_FORWARD_COST_TOKENS,
     )
     is_matryoshka, dims = matryoshka(config)
     logger.info(

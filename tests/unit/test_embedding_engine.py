@@ -37,8 +37,21 @@ def test_batches_sort_by_length_and_respect_both_limits() -> None:
     assert sorted(i for batch in got for i in batch) == list(range(len(lengths)))
 
 
+def test_batches_keep_similar_lengths_together() -> None:
+    lengths = [130, *[50] * 10, 135, 30]
+    got = [[lengths[i] for i in batch] for batch in batches(lengths, max_rows=64, max_tokens=4096, forward_cost=32)]
+    assert got == [[30, *[50] * 10], [130, 135]]  # padding 30 to 50 costs less than a forward; 50 to 130 does not
+    alone = batches(lengths, max_rows=64, max_tokens=4096, forward_cost=0)  # forwards free: no padding at all
+    assert all(len({lengths[i] for i in batch}) == 1 for batch in alone)
+    full = batches(lengths, max_rows=64, max_tokens=4096, forward_cost=10_000)  # forwards dear: one batch
+    assert len(full) == 1
+
+
 async def _engine(runner: CountingRunner, **limits: int) -> EmbeddingEngine:
-    engine = EmbeddingEngine(runner, **{"max_rows": 64, "max_tokens": 4096, "max_requests": 64, "threads": 1, **limits})
+    engine = EmbeddingEngine(
+        runner,
+        **{"max_rows": 64, "max_tokens": 4096, "max_requests": 64, "threads": 1, "forward_cost": 10_000, **limits},
+    )
     await engine.start()
     return engine
 
