@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "schema": "transformers-openai-api/embeddings-bench/1",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": str(args.model),
-        "config": {k: str(v) for k, v in vars(args).items()},
+        "model": _shown(args.model),
+        "config": {key: _shown(value) for key, value in vars(args).items()},
         "machine": machine_info(spawned=True, torch_threads=args.threads),
         "sentence_transformers": _version("sentence-transformers"),
         "rounds": rounds,
@@ -109,6 +109,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "server_c1_over_st_one_by_one": round(medians["server_c1"] / medians["st_encode_one_by_one"], 2),
         },
     }
+
+
+def _shown(value: object) -> str:
+    """A path inside the repository as a relative one (results files do not name the machine's folders)."""
+    if isinstance(value, Path) and value.resolve().is_relative_to(ROOT):
+        return str(value.resolve().relative_to(ROOT))
+    return str(value)
 
 
 def _version(name: str) -> str | None:

