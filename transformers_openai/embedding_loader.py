@@ -50,9 +50,8 @@ def sentence_transformers_dir(model: str) -> Path | None:
     """The directory holding `model`'s sentence-transformers pipeline (`modules.json`), or None without one."""
     if Path(model).is_dir():
         return Path(model) if (Path(model) / "modules.json").is_file() else None
-    found = [
-        cached_file(model, name, _raise_exceptions_for_missing_entries=False) for name in _SENTENCE_TRANSFORMERS_FILES
-    ]
+    quietly = {"_raise_exceptions_for_missing_entries": False, "_raise_exceptions_for_connection_errors": False}
+    found = [cached_file(model, name, **quietly) for name in _SENTENCE_TRANSFORMERS_FILES]
     return Path(found[0]).parent if found[0] else None
 
 
@@ -97,6 +96,11 @@ def load_embedding_context(
     settings: Settings, config: PretrainedConfig, tokenizer: Any, device: torch.device, dtype: torch.dtype
 ) -> ServingContext:
     """The serving context of an embedding model (runs in a worker thread, like load_serving_context)."""
+    if getattr(config, "is_encoder_decoder", False) or config.model_type == "whisper":
+        raise ValueError(
+            f"--model-kind embedding serves encoders (BERT family) and decoders, not {config.model_type}: "
+            "an encoder-decoder model has no single stack of token states to pool"
+        )
     spec = pooling_spec(settings.model, config)
     max_len = input_limit(config, tokenizer, spec, settings.max_model_len)
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
@@ -109,8 +113,11 @@ def load_embedding_context(
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
     runner = EmbeddingRunner(model, spec, pad_token_id=int(tokenizer.pad_token_id or 0))
+    runner.embed(
+        [tokenizer("warm up")["input_ids"]]
+    )  # oneDNN's first-call set-up, and a model that cannot run fails now
     threads = torch.get_num_threads() if model.device.type == "cpu" else 1
-    # A round's queue: the running batch plus the waiting queue, as the generation engine admits requests.
+    # Requests in flight at most: --max-batch-size + --max-queue, as the generation engine admits them.
     engine = EmbeddingEngine(
         runner,
         max_rows=settings.max_batch_size,

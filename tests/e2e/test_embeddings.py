@@ -234,3 +234,20 @@ def test_dimensions_cut_and_renormalize_where_the_model_allows(matryoshka_server
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
     assert "8, 16" in refused.json()["error"]["message"]
+
+
+def test_a_pipeline_module_we_cannot_apply_stops_the_start(
+    tiny_bert_dir: Path, server_logs: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "with-dense"
+    shutil.copytree(tiny_bert_dir, model_dir)
+    modules = json.loads((model_dir / "modules.json").read_text())
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (model_dir / "modules.json").write_text(json.dumps([*modules, dense]))
+    with pytest.raises(RuntimeError, match="sentence_transformers.models.Dense"):
+        start_server(model_dir, server_logs, timeout_s=60)
+
+
+def test_an_encoder_decoder_cannot_be_served_for_embeddings(tiny_t5_dir: Path, server_logs: Path) -> None:
+    with pytest.raises(RuntimeError, match="not t5"):
+        start_server(tiny_t5_dir, server_logs, "--model-kind", "embedding", timeout_s=60)
