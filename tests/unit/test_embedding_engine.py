@@ -127,6 +127,7 @@ async def test_a_cancelled_request_costs_no_forward() -> None:
         await asyncio.to_thread(runner.entered.wait, 10)
         gone = asyncio.ensure_future(engine.embed([[2, 2, 2]]))
         await asyncio.sleep(0.01)
+        assert engine.stats().in_flight == 2 and engine.stats().waiting == 1
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
