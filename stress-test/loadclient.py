@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from loadstats import OK, RequestRecord
 
-WORKLOADS = ("chat-stream", "chat", "completions", "transcription")
+WORKLOADS = ("chat-stream", "chat", "completions", "transcription", "embeddings")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".webm", ".m4a")
 
 # Prompts of varied length (a few words to a few sentences), written for this tool.
@@ -57,6 +57,10 @@ def load_clips(audio_dir: Path) -> tuple[Clip, ...]:
     return tuple(Clip(p.name, p.read_bytes(), float(librosa.get_duration(path=p))) for p in paths)
 
 
+# Texts for /v1/embeddings: one to eight of the prompts run together (a few words to a paragraph of ~150 words).
+EMBEDDING_TEXTS: tuple[str, ...] = tuple(" ".join(PROMPTS[i : i + 1 + i % 8]) for i in range(len(PROMPTS)))
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """What every request of a run sends (transcription: one of `clips`, chosen by the request's index)."""
@@ -70,16 +74,22 @@ class RequestSpec:
 
     @property
     def path(self) -> str:
-        paths = {"completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
+        paths = {
+            "completions": "/v1/completions",
+            "transcription": "/v1/audio/transcriptions",
+            "embeddings": "/v1/embeddings",
+        }
         return paths.get(self.workload, "/v1/chat/completions")
 
     @property
     def streaming(self) -> bool:
-        return self.workload != "chat"
+        return self.workload not in ("chat", "embeddings")
 
     @property
     def prompts(self) -> tuple[str, ...]:
         """What `pick_prompt` chooses from: the prompts, or for transcription the clips' names."""
+        if self.workload == "embeddings":
+            return EMBEDDING_TEXTS
         return tuple(clip.name for clip in self.clips) if self.workload == "transcription" else PROMPTS
 
     @property
@@ -89,6 +99,8 @@ class RequestSpec:
 
 def request_body(spec: RequestSpec, prompt: str) -> dict[str, Any]:
     """The JSON body for one request."""
+    if spec.workload == "embeddings":
+        return {"model": spec.model, "input": prompt}
     body: dict[str, Any] = {"model": spec.model, "max_tokens": spec.max_tokens, "temperature": spec.temperature}
     if spec.chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -178,8 +190,12 @@ async def _send_plain(client: httpx.AsyncClient, url: str, body: dict[str, Any])
     if resp.status_code != 200:
         return await _http_error(resp, start)
     end = time.perf_counter()
-    usage = resp.json().get("usage") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
+    payload = resp.json()
+    usage = payload.get("usage") or {}
+    # Embeddings: a vector counts as one output (requests_per_s is then embeddings/s at one input a request).
+    tokens = int(usage.get("completion_tokens") or 0) or sum(
+        1 for item in payload.get("data") or () if item.get("object") == "embedding"
+    )
     if tokens == 0:
         return RequestRecord("empty", e2e_s=end - start, detail="no completion tokens")
     return RequestRecord(OK, 0.0, end - start, None, [], tokens)

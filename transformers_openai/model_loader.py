@@ -12,6 +12,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoFeatureExtractor,
+    AutoModel,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -20,6 +21,7 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
+from transformers_openai.embedding_loader import ENCODER_TYPES, load_embedding_context, sentence_transformers_dir
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
@@ -45,9 +47,13 @@ logger = logging.getLogger(__name__)
 _DEFAULT_CONTEXT = 2048
 
 
-def detect_kind(config: PretrainedConfig, override: str = "auto") -> str:
+def detect_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:
+    """The model kind: `override` unless it is auto; a sentence-transformers directory or a BERT-family encoder is
+    an embedding model (a decoder is served for embeddings only when asked: --model-kind embedding)."""
     if override != "auto":
         return override
+    if sentence_transformers or config.model_type in ENCODER_TYPES:
+        return "embedding"
     if config.model_type == "whisper":
         return "whisper"
     if getattr(config, "is_encoder_decoder", False):
@@ -169,12 +175,18 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         torch.set_num_threads(settings.torch_threads)
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
     config = AutoConfig.from_pretrained(settings.model, **source)
-    kind = detect_kind(config, settings.model_kind)
+    sentence_transformers = not settings.gguf_file and sentence_transformers_dir(settings.model) is not None
+    kind = detect_kind(config, settings.model_kind, sentence_transformers)
     spec = MODEL_KINDS[kind]
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
     phases.done("config and tokenizer")
+    if spec.build_runner is None:  # a kind with an engine of its own (embeddings)
+        context = load_embedding_context(settings, config, tokenizer, device, dtype)
+        phases.done("weights")
+        logger.info("start-up took %s", phases.summary())
+        return context
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
     model = spec.model_class.from_pretrained(
         settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
@@ -265,7 +277,7 @@ class ModelKind:
     """Everything that differs between the kinds of model served: one entry each, in one place."""
 
     model_class: Any
-    build_runner: Callable[[PreTrainedModel, int, int, int, KVSpace], ModelRunner]
+    build_runner: Callable[[PreTrainedModel, int, int, int, KVSpace], ModelRunner] | None  # None: its own engine
     capabilities: frozenset[Capability]
     context_length: Callable[[PreTrainedModel, int | None], int]
     text_encoder: bool = False  # the text prompt is the encoder's input (T5), with its own length limit
@@ -292,4 +304,5 @@ MODEL_KINDS: dict[str, ModelKind] = {
         frozenset({Capability.SPEECH}),
         _decoder_positions,
     ),
+    "embedding": ModelKind(AutoModel, None, frozenset({Capability.EMBEDDINGS}), _text_context),
 }

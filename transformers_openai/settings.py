@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, ByteSize, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper"]
+ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper", "embedding"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
 CommaList = Annotated[list[str], NoDecode]
 _BYTES = TypeAdapter(ByteSize)  # "4GiB", "512MB"
@@ -33,7 +33,11 @@ class Settings(BaseSettings):
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside --model to load (dequantized on load).")
     served_model_name: str | None = Field(None, description="Model id clients use; defaults to --model.")
-    model_kind: ModelKind = Field("auto", description="Model kind; auto detects it from the model's config.")
+    model_kind: ModelKind = Field(
+        "auto",
+        description="Model kind; auto detects it from the model's config (sentence-transformers directories and "
+        "BERT-family encoders: embedding). 'embedding' serves a decoder's last-token vectors on /v1/embeddings.",
+    )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(7088, ge=1, le=65535, description="Port to bind.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

@@ -224,9 +224,10 @@ def in_repository(template: Path) -> Path:
 
 
 def readme_model_names() -> set[str]:
-    """The `model=` of the README's Python examples for text models (Whisper's are served by their own script)."""
+    """The `model=` of the README's Python examples for text models (Whisper's and the embedding model's are served
+    by their own scripts)."""
     names = set(re.findall(r'model="([^"]+)"', README.read_text()))
-    return {name for name in names if "whisper" not in name}
+    return {name for name in names if "whisper" not in name and name != "all-MiniLM-L6-v2"}
 
 
 def torch_spec_of_env_script() -> str:

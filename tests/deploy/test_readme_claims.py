@@ -29,7 +29,8 @@ def test_every_path_the_readme_names_exists() -> None:
 
 def test_examples_use_the_names_the_serve_scripts_serve() -> None:
     names = set(re.findall(r'model="([^"]+)"', README))
-    assert names == {served_name("serve-smollm2.sh"), served_name("serve-whisper-tiny-en.sh")}
+    scripts = ("serve-smollm2.sh", "serve-whisper-tiny-en.sh", "serve-minilm.sh")
+    assert names == {served_name(script) for script in scripts}
 
 
 def test_examples_use_the_default_port() -> None:

@@ -236,3 +236,33 @@ async def test_transcription_workload_uploads_each_clip_and_counts_audio_seconds
     summary = loadstats.summarize_level("concurrency", 1.0, run.records, run.issue_window_s(), run.stopped_by(1e18))
     assert summary["ok"] == 4 and summary["ttft_ms"]["n"] == 4 and summary["itl_ms"]["n"] == 4
     assert summary["audio_seconds_per_s"] == round(65.0 / loadstats.level_wall_s(run.records), 3)
+
+
+async def test_embeddings_workload_sends_one_text_and_counts_vectors() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append({"path": request.url.path, **body})
+        data = [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}]
+        return httpx.Response(200, json={"object": "list", "data": data, "usage": {"prompt_tokens": 3}})
+
+    spec = loadclient.RequestSpec("embeddings", "m", max_tokens=0)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        record = await loadclient.send(client, "http://test", spec, spec.prompts[3], 5.0)
+    assert record.ok and record.output_tokens == 1
+    assert sent == [{"path": "/v1/embeddings", "model": "m", "input": loadclient.EMBEDDING_TEXTS[3]}]
+    assert len({len(text.split()) for text in spec.prompts}) > 8  # lengths from a few words to a paragraph
+
+
+def test_embeddings_bench_short_run(tiny_bert_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "embeddings.json"
+    cmd = [sys.executable, str(STRESS_DIR / "embeddings_bench.py"), "--model", str(tiny_bert_dir), "--threads", "1"]
+    cmd += ["--rounds", "1", "--requests-c1", "4", "--requests-c16", "32", "--out", str(out)]
+    cmd += ["--log", str(tmp_path / "server.log")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    targets = {"server_c1", "server_c16", "st_encode_batched", "st_encode_one_by_one"}
+    assert report["rounds"][0].keys() == targets and all(report["median"][key] > 0 for key in targets)
+    assert report["machine"]["server_torch_threads"] == 1

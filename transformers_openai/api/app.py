@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from transformers_openai import __version__
 from transformers_openai.api.audio_routes import build_audio_router
 from transformers_openai.api.body_limit import BodySizeLimit
+from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
 from transformers_openai.api.openapi import install_openapi
@@ -52,10 +53,12 @@ def create_app(
     router = build_router()
     audio = build_audio_router()
     responses = build_responses_router()
+    embeddings = build_embedding_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
         app.include_router(responses, prefix=prefix)
+        app.include_router(embeddings, prefix=prefix)
     app.include_router(build_ops_router())
     # Added innermost first: CORS answers preflights before auth; the request id wraps everything else.
     # An upload's form may hold the largest audio file accepted plus its other fields.

@@ -11,6 +11,7 @@ from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
 from transformers_openai.serving.context import Capability, ServingContext
+from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
 from transformers_openai.serving.response_store import ResponseStore
 from transformers_openai.serving.responses import ResponsesHandler
@@ -31,6 +32,7 @@ class Handlers:
     speech: TranscriptionHandler | None
     tokenize: TokenizeHandler  # every model kind has a tokenizer
     text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
+    embedder: EmbeddingHandler | None = None
 
     @property
     def chat(self) -> ChatHandler:
@@ -47,7 +49,20 @@ class Handlers:
         return self.text_responses
 
     @property
+    def embeddings(self) -> EmbeddingHandler:
+        if self.embedder is None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' is not served as an embedding model; start the server with an "
+                "embedding model, or with --model-kind embedding for a decoder's last-token vectors",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.embedder
+
+    @property
     def transcriptions(self) -> TranscriptionHandler:
+        if self.embedder is not None:
+            raise self._embedding_only()
         if self.speech is None:
             raise BadRequestError(
                 f"the model '{self.model_name}' is a text model: it does not take audio; "
@@ -57,7 +72,16 @@ class Handlers:
             )
         return self.speech
 
+    def _embedding_only(self) -> BadRequestError:
+        return BadRequestError(
+            f"the model '{self.model_name}' is an embedding model: it does not generate text; use /v1/embeddings",
+            param="model",
+            code="model_not_supported",
+        )
+
     def _text(self) -> tuple[ChatHandler, CompletionHandler]:
+        if self.text is None and self.embedder is not None:
+            raise self._embedding_only()
         if self.text is None:
             raise BadRequestError(
                 f"the model '{self.model_name}' is a speech recognition model: it does not take text prompts; "
@@ -74,7 +98,8 @@ class Handlers:
         tokenize = TokenizeHandler(context, text[0].tools if text is not None else None)
         store = ResponseStore(context.max_stored_responses)
         responses = ResponsesHandler(text[0], store) if text is not None else None
-        return cls(context.model_name, text, speech, tokenize, text_responses=responses)
+        embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
+        return cls(context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder)
 
 
 class AppState:

@@ -20,6 +20,7 @@ class Capability(str, enum.Enum):
 
     TEXT = "text"  # /v1/chat/completions, /v1/completions
     SPEECH = "speech"  # /v1/audio/transcriptions, /v1/audio/translations
+    EMBEDDINGS = "embeddings"  # /v1/embeddings
 
 
 class EngineClient(Protocol):
@@ -67,6 +68,29 @@ class SpeechModel:
         return int(self.feature_extractor.hop_length)
 
 
+class EmbedClient(Protocol):
+    """The embedding engine as the embeddings handler uses it (EmbeddingEngine, or a fake in tests)."""
+
+    async def embed(self, inputs: list[list[int]]) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class EmbeddingModel:
+    """What /v1/embeddings needs beside the tokenizer: the engine that embeds and the model's limits.
+
+    `normalized`: vectors come out with unit length (a vector cut to `dimensions` is scaled back to it).
+    `matryoshka`: the model was trained to be cut short (`dimensions` is allowed), to any size up to `width` or,
+    where `matryoshka_dims` names them, to those sizes only.
+    """
+
+    engine: EmbedClient
+    max_input_len: int
+    width: int
+    normalized: bool
+    matryoshka: bool = False
+    matryoshka_dims: tuple[int, ...] | None = None
+
+
 @dataclass
 class ServingContext:
     engine: EngineClient
@@ -87,3 +111,4 @@ class ServingContext:
     tool_format: ToolFormat = HERMES  # how the model writes tool calls
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
     max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none
+    embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings

@@ -129,6 +129,11 @@ class TokenizerService:
         """Each token as the vocabulary writes it (byte-level pieces included, e.g. 'Ġthe')."""
         return await self._in_pool(self._token_strings, token_ids)
 
+    async def encode_texts(self, texts: list[str], max_length: int | None = None) -> list[list[int]]:
+        """Token ids of each text with the model's special tokens; with `max_length`, cut to it as the tokenizer
+        truncates (its special tokens kept)."""
+        return await self._in_pool(self._encode_many, texts, max_length)
+
     def longest_token_chars(self) -> int:
         """The most characters one token of the vocabulary decodes to (bounds how few tokens a text can take)."""
         with self._lock:
@@ -181,6 +186,11 @@ class TokenizerService:
     def _token_strings(self, token_ids: list[int]) -> list[str]:
         with self._own() as tokenizer:
             return [str(token) for token in tokenizer.convert_ids_to_tokens(token_ids)]
+
+    def _encode_many(self, texts: list[str], max_length: int | None) -> list[list[int]]:
+        with self._own() as tokenizer:
+            cut = {"truncation": True, "max_length": max_length} if max_length is not None else {}
+            return [list(ids) for ids in tokenizer(texts, **cut)["input_ids"]]
 
     def _decode(self, token_ids: list[int]) -> str:
         with self._own() as tokenizer:

@@ -1,0 +1,172 @@
+"""/v1/embeddings in process, on a fake embedding engine: shapes, base64, dimensions, usage and every refusal."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.app.fake_engine import FakeEngine
+from tests.app.support import MODEL, assert_error, make_app, running
+from transformers_openai.engine.errors import EngineOverloaded
+from transformers_openai.serving.context import Capability, EmbeddingModel, ServingContext
+from transformers_openai.serving.tokenizer import TokenizerService
+
+WIDTH = 8
+MAX_INPUT = 32
+
+
+class FakeEmbedder:
+    """A unit vector per input made from its token ids; records the inputs it was given."""
+
+    def __init__(self) -> None:
+        self.inputs: list[list[int]] = []
+        self.overloaded = False
+
+    async def embed(self, inputs: list[list[int]]) -> list[Any]:
+        if self.overloaded:
+            raise EngineOverloaded("server is at capacity; retry later", retry_after_s=2)
+        self.inputs.extend(inputs)
+        vectors = [np.cos(np.arange(1, WIDTH + 1) * (sum(ids) + len(ids))).astype(np.float32) for ids in inputs]
+        return [v / np.linalg.norm(v) for v in vectors]
+
+
+def embedding_context(
+    hf_tokenizer: Any, embedder: FakeEmbedder, dims: tuple[int, ...] | None = None, matryoshka: bool = False
+) -> ServingContext:
+    return ServingContext(
+        engine=FakeEngine(),
+        tokenizer=TokenizerService(hf_tokenizer),
+        model_name=MODEL,
+        model_aliases=frozenset({MODEL}),
+        max_model_len=MAX_INPUT,
+        model_kind="embedding",
+        capabilities=frozenset({Capability.EMBEDDINGS}),
+        embeddings=EmbeddingModel(
+            engine=embedder,
+            max_input_len=MAX_INPUT,
+            width=WIDTH,
+            normalized=True,
+            matryoshka=matryoshka,
+            matryoshka_dims=dims,
+        ),
+    )
+
+
+@pytest.fixture
+def embedder() -> FakeEmbedder:
+    return FakeEmbedder()
+
+
+@pytest.fixture
+async def embed_client(hf_tokenizer: Any, embedder: FakeEmbedder) -> AsyncIterator[httpx.AsyncClient]:
+    app = make_app(FakeEngine(), hf_tokenizer, loader=lambda: embedding_context(hf_tokenizer, embedder, (4, 6), True))
+    async with running(app) as ready:
+        yield ready
+
+
+async def test_floats_base64_and_usage(
+    embed_client: httpx.AsyncClient, embedder: FakeEmbedder, hf_tokenizer: Any
+) -> None:
+    texts = ["Hello there", "A second, longer input text"]
+    floats = await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": texts})
+    assert floats.status_code == 200, floats.text
+    body = floats.json()
+    assert body["object"] == "list" and body["model"] == MODEL
+    assert [(d["object"], d["index"]) for d in body["data"]] == [("embedding", 0), ("embedding", 1)]
+    tokens = sum(len(hf_tokenizer.encode(t)) for t in texts)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert embedder.inputs == [hf_tokenizer.encode(t) for t in texts]
+    packed = await embed_client.post("/embeddings", json={"model": MODEL, "input": texts, "encoding_format": "base64"})
+    decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in packed.json()["data"]]
+    assert np.array_equal(np.array(decoded), np.array([d["embedding"] for d in body["data"]], dtype=np.float32))
+
+
+async def test_token_id_inputs_and_truncation(embed_client: httpx.AsyncClient, embedder: FakeEmbedder) -> None:
+    response = await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": [[5, 6, 7], [8]]})
+    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == 4
+    long = list(range(1, 41))
+    assert_error(await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": long}), 400, "input")
+    cut = await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": long, "truncate_prompt_tokens": 10})
+    assert cut.status_code == 200 and embedder.inputs[-1] == long[:10]
+    whole = await embed_client.post(
+        "/v1/embeddings", json={"model": MODEL, "input": long, "truncate_prompt_tokens": -1}
+    )
+    assert whole.status_code == 200 and embedder.inputs[-1] == long[:MAX_INPUT]
+
+
+async def test_dimensions_cut_and_renormalize(embed_client: httpx.AsyncClient) -> None:
+    full = (await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": "Hi"})).json()["data"][0]
+    cut = (await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": "Hi", "dimensions": 4})).json()
+    vector = np.array(full["embedding"][:4])
+    assert np.allclose(cut["data"][0]["embedding"], vector / np.linalg.norm(vector), atol=1e-6)
+    error = assert_error(
+        await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": "Hi", "dimensions": 5}),
+        400,
+        "dimensions",
+    )
+    assert "4, 6" in error["message"]
+
+
+async def test_dimensions_refused_without_matryoshka(hf_tokenizer: Any) -> None:
+    app = make_app(FakeEngine(), hf_tokenizer, loader=lambda: embedding_context(hf_tokenizer, FakeEmbedder()))
+    async with running(app) as client:
+        body = {"model": MODEL, "input": "Hi", "dimensions": 4}
+        assert_error(await client.post("/v1/embeddings", json=body), 400, "dimensions")
+        same = await client.post("/v1/embeddings", json={**body, "dimensions": WIDTH})  # its own size is fine
+        assert same.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": ["ok", ""]}, "input"),
+        ({"input": [10**9]}, "input"),
+        ({"input": [-1]}, "input"),
+        ({"input": ["x"] * 2049}, "input"),
+        ({"input": 3}, "input"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"input": "x", "truncate_prompt_tokens": 100}, "truncate_prompt_tokens"),
+        ({"input": "x", "stream": True}, "stream"),
+    ],
+)
+async def test_bad_inputs_are_400s_naming_the_param(
+    embed_client: httpx.AsyncClient, fields: dict[str, Any], param: str
+) -> None:
+    assert_error(await embed_client.post("/v1/embeddings", json={"model": MODEL, **fields}), 400, param)
+
+
+async def test_unknown_model_user_and_overload(embed_client: httpx.AsyncClient, embedder: FakeEmbedder) -> None:
+    assert_error(await embed_client.post("/v1/embeddings", json={"model": "nope", "input": "x"}), 404, "model")
+    user = await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": "x", "user": "someone"})
+    assert user.status_code == 200
+    embedder.overloaded = True
+    busy = await embed_client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
+    assert_error(busy, 429)
+    assert busy.headers["retry-after"] == "2"
+
+
+async def test_generation_on_an_embedding_model_is_a_400(embed_client: httpx.AsyncClient) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    for path, body in [("/v1/chat/completions", chat), ("/v1/completions", {"model": MODEL, "prompt": "Hi"})]:
+        error = assert_error(await embed_client.post(path, json=body), 400, "model", "model_not_supported")
+        assert "/v1/embeddings" in error["message"]
+    audio = await embed_client.post(
+        "/v1/audio/transcriptions", data={"model": MODEL}, files={"file": ("a.wav", b"RIFF", "audio/wav")}
+    )
+    assert_error(audio, 400, "model", "model_not_supported")
+
+
+async def test_embeddings_on_a_text_model_is_a_400(client: httpx.AsyncClient) -> None:
+    error = assert_error(
+        await client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}), 400, "model", "model_not_supported"
+    )
+    assert "--model-kind embedding" in error["message"]

@@ -1,0 +1,253 @@
+"""/v1/embeddings end to end: all-MiniLM-L6-v2 against sentence-transformers, a decoder served for embeddings against
+its own last-token states, the openai client and LangChain, batching across requests, and the 400s."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import sync_client
+from tests.e2e.server import ServerProcess, start_server
+
+pytestmark = pytest.mark.e2e
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "mix",
+    "bright",
+    "potions",
+    "at",
+    "dawn",
+]
+
+
+def mixed_texts(count: int = 50, longest_words: int = 180) -> list[str]:
+    """Deterministic texts from one word to `longest_words` (under MiniLM's 256 tokens), in no length order."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, longest_words, size=count)
+    lengths[:3] = [1, 2, longest_words]
+    return [" ".join(rng.choice(WORDS, size=n)).capitalize() + "." for n in lengths]
+
+
+def embed_concurrently(server: ServerProcess, texts: list[str], requests: int = 16) -> np.ndarray:
+    """`texts` split over `requests` concurrent requests; the vectors in the texts' order."""
+    groups = [list(range(i, len(texts), requests)) for i in range(requests)]
+
+    def send(indexes: list[int]) -> list[list[float]]:
+        body = {"model": server.model, "input": [texts[i] for i in indexes]}
+        response = httpx.post(f"{server.base_url}/embeddings", json=body, timeout=120)
+        response.raise_for_status()
+        data = response.json()["data"]
+        assert [d["index"] for d in data] == list(range(len(indexes)))
+        return [d["embedding"] for d in data]
+
+    with ThreadPoolExecutor(requests) as pool:
+        answers = list(pool.map(send, groups))
+    vectors = np.zeros((len(texts), len(answers[0][0])), dtype=np.float32)
+    for indexes, answer in zip(groups, answers, strict=True):
+        vectors[indexes] = answer
+    return vectors
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="session")
+def minilm_server(minilm_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    server = start_server(minilm_dir, server_logs, "--max-batch-size", "32")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer(minilm_dir: Path) -> object:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+@pytest.mark.slow
+def test_minilm_equals_sentence_transformers_under_concurrency(
+    minilm_server: ServerProcess, sentence_transformer: object
+) -> None:
+    texts = mixed_texts()
+    before = minilm_server.engine_state()
+    got = embed_concurrently(minilm_server, texts, requests=16)
+    after = minilm_server.engine_state()
+    expected = sentence_transformer.encode(texts, batch_size=32)  # type: ignore[attr-defined]
+    assert cosines(got, expected).min() > 0.9999
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the Normalize module was applied
+    assert after["requests"] - before["requests"] == 16
+    assert after["inputs"] - before["inputs"] == 50
+    # Inputs of concurrent requests share forwards: fewer forwards than requests.
+    assert after["forwards"] - before["forwards"] < 16, (before, after)
+
+
+@pytest.mark.slow
+def test_openai_client_float_and_base64(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+    client = sync_client(minilm_server)
+    texts = ["A first sentence.", "And a second, somewhat longer one, to pad the batch."]
+    floats = client.embeddings.create(model="test-model", input=texts, encoding_format="float")
+    raw = client.embeddings.create(model="test-model", input=texts, encoding_format="base64")
+    decoded_by_client = client.embeddings.create(model="test-model", input=texts)  # it asks base64 and decodes
+    as_floats = np.array([d.embedding for d in floats.data])
+    as_base64 = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
+    assert np.array_equal(as_floats.astype(np.float32), as_base64)
+    assert np.array_equal(np.array([d.embedding for d in decoded_by_client.data], dtype=np.float32), as_base64)
+    expected = sentence_transformer.encode(texts)  # type: ignore[attr-defined]
+    assert cosines(as_base64, expected).min() > 0.9999
+    tokens = sentence_transformer.tokenizer(texts)["input_ids"]  # type: ignore[attr-defined]
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == sum(len(ids) for ids in tokens)
+    single = client.embeddings.create(model="test-model", input=tokens[0], encoding_format="float")
+    assert cosines(np.array([single.data[0].embedding]), expected[:1])[0] > 0.9999  # token ids as input
+
+
+@pytest.mark.slow
+def test_langchain_openai_embeddings(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: its default tokenizes with tiktoken, which downloads its vocabulary.
+    embeddings = OpenAIEmbeddings(
+        model="test-model", base_url=minilm_server.base_url, api_key="unused", check_embedding_ctx_length=False
+    )
+    texts = mixed_texts(count=6, longest_words=40)
+    documents = np.array(embeddings.embed_documents(texts))
+    query = np.array([embeddings.embed_query(texts[0])])
+    expected = sentence_transformer.encode(texts)  # type: ignore[attr-defined]
+    assert cosines(documents, expected).min() > 0.9999
+    assert cosines(query, expected[:1])[0] > 0.9999
+
+
+@pytest.mark.slow
+def test_length_limit_truncation_and_refusals(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+    url = f"{minilm_server.root_url}/embeddings"  # also served without /v1
+    long_text = "word " * 400
+    too_long = httpx.post(url, json={"model": "test-model", "input": ["short", long_text]}, timeout=60)
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["param"] == "input" and "input 1" in too_long.json()["error"]["message"]
+    cut = httpx.post(url, json={"model": "test-model", "input": long_text, "truncate_prompt_tokens": -1}, timeout=60)
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 256
+    expected = sentence_transformer.encode([long_text])  # type: ignore[attr-defined]  # it truncates to 256 too
+    assert cosines(np.array([cut.json()["data"][0]["embedding"]]), expected)[0] > 0.9999
+    for body, param in [
+        ({"input": []}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": [30522]}, "input"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
+        ({"input": "x", "dimensions": 100}, "dimensions"),  # MiniLM was not trained for shorter vectors
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"input": "x", "truncate_prompt_tokens": 1000}, "truncate_prompt_tokens"),
+    ]:
+        response = httpx.post(url, json={"model": "test-model", **body}, timeout=60)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["error"]["param"] == param, (body, response.text)
+    chat = httpx.post(
+        f"{minilm_server.base_url}/chat/completions",
+        json={"model": "test-model", "messages": [{"role": "user", "content": "Hi"}]},
+        timeout=60,
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_supported"
+
+
+def test_embeddings_on_a_generative_model_is_a_400(tiny_server: ServerProcess) -> None:
+    response = httpx.post(f"{tiny_server.base_url}/embeddings", json={"model": "test-model", "input": "Hi"}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("model_not_supported", "model")
+    assert "--model-kind embedding" in error["message"]
+
+
+@pytest.fixture(scope="session")
+def llama_embedding_server(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    server = start_server(tiny_llama_dir, server_logs, "--model-kind", "embedding")
+    yield server
+    server.stop()
+
+
+def test_decoder_served_for_embeddings_equals_its_last_token_state(
+    llama_embedding_server: ServerProcess, tiny_llama_dir: Path
+) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = mixed_texts(count=12, longest_words=60)
+    got = embed_concurrently(llama_embedding_server, texts, requests=4)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = AutoModel.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        states = [model(input_ids=torch.tensor([tokenizer.encode(t)])).last_hidden_state[0, -1] for t in texts]
+    expected = torch.nn.functional.normalize(torch.stack(states), dim=-1).numpy()
+    assert np.allclose(got, expected, atol=1e-4), np.abs(got - expected).max()
+    chat = httpx.post(
+        f"{llama_embedding_server.base_url}/completions", json={"model": "test-model", "prompt": "Hi"}, timeout=60
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_supported"
+
+
+@pytest.fixture(scope="session")
+def matryoshka_server(
+    tiny_bert_dir: Path, server_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The tiny BERT whose config says it may be cut to 8 or 16 of its 32 dimensions."""
+    model_dir = tmp_path_factory.mktemp("matryoshka") / "model"
+    shutil.copytree(tiny_bert_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [8, 16]}))
+    server = start_server(model_dir, server_logs)
+    yield server
+    server.stop()
+
+
+def test_dimensions_cut_and_renormalize_where_the_model_allows(matryoshka_server: ServerProcess) -> None:
+    client = sync_client(matryoshka_server)
+    full = np.array(
+        client.embeddings.create(model="test-model", input="Some text", encoding_format="float").data[0].embedding
+    )
+    cut = client.embeddings.create(model="test-model", input="Some text", dimensions=16, encoding_format="float")
+    expected = full[:16] / np.linalg.norm(full[:16])
+    assert np.allclose(cut.data[0].embedding, expected, atol=1e-6)
+    refused = httpx.post(
+        f"{matryoshka_server.base_url}/embeddings", json={"model": "test-model", "input": "x", "dimensions": 12}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+    assert "8, 16" in refused.json()["error"]["message"]
+
+
+def test_a_pipeline_module_we_cannot_apply_stops_the_start(
+    tiny_bert_dir: Path, server_logs: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "with-dense"
+    shutil.copytree(tiny_bert_dir, model_dir)
+    modules = json.loads((model_dir / "modules.json").read_text())
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (model_dir / "modules.json").write_text(json.dumps([*modules, dense]))
+    with pytest.raises(RuntimeError, match="sentence_transformers.models.Dense"):
+        start_server(model_dir, server_logs, timeout_s=60)
+
+
+def test_an_encoder_decoder_cannot_be_served_for_embeddings(tiny_t5_dir: Path, server_logs: Path) -> None:
+    with pytest.raises(RuntimeError, match="not t5"):
+        start_server(tiny_t5_dir, server_logs, "--model-kind", "embedding", timeout_s=60)

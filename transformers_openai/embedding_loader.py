@@ -1,0 +1,157 @@
+"""Loads an embedding model (a sentence-transformers directory, a BERT-family encoder, or a decoder served for
+embeddings) and wires its runner, engine and serving context."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModel, PretrainedConfig
+from transformers.utils.hub import cached_file
+
+from transformers_openai.engine.embedding_engine import (
+    CPU_FORWARD_COST_TOKENS,
+    GPU_FORWARD_COST_TOKENS,
+    EmbeddingEngine,
+)
+from transformers_openai.packed_linear import pack_linear_layers
+from transformers_openai.runners.embedding import EmbeddingRunner
+from transformers_openai.runners.pooling import PoolingSpec, read_sentence_transformers
+from transformers_openai.serving.context import Capability, EmbeddingModel, ServingContext
+from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# Encoders whose base model gives token states to pool (detected as embedding models without --model-kind).
+ENCODER_TYPES = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "distilbert",
+        "mpnet",
+        "electra",
+        "camembert",
+        "albert",
+        "deberta",
+        "deberta-v2",
+        "modernbert",
+        "nomic_bert",
+        "new",
+    }
+)
+_SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json")
+
+
+def sentence_transformers_dir(model: str) -> Path | None:
+    """The directory holding `model`'s sentence-transformers pipeline (`modules.json`), or None without one."""
+    if Path(model).is_dir():
+        return Path(model) if (Path(model) / "modules.json").is_file() else None
+    quietly = {"_raise_exceptions_for_missing_entries": False, "_raise_exceptions_for_connection_errors": False}
+    found = [cached_file(model, name, **quietly) for name in _SENTENCE_TRANSFORMERS_FILES]
+    return Path(found[0]).parent if found[0] else None
+
+
+def pooling_spec(model: str, config: PretrainedConfig) -> PoolingSpec:
+    """The pooling the model's directory declares; without one: CLS for an encoder (as BERT's pooler reads it),
+    the last token for a decoder; both normalized, as vLLM serves such models by default."""
+    directory = sentence_transformers_dir(model)
+    declared = read_sentence_transformers(directory) if directory is not None else None
+    if declared is not None:
+        return declared
+    return PoolingSpec(mode="cls" if config.model_type in ENCODER_TYPES else "last", normalize=True)
+
+
+def input_limit(config: PretrainedConfig, tokenizer: Any, spec: PoolingSpec, requested: int | None) -> int:
+    """The longest input served: the pipeline's max_seq_length, else the model's positions (and the tokenizer's
+    limit); --max-model-len may lower it."""
+    text_config = config.get_text_config(decoder=True)
+    limits = [int(getattr(text_config, "max_position_embeddings", 0) or 0)]
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 1_000_000:
+        limits.append(tokenizer_limit)
+    if spec.max_length:
+        limits.append(spec.max_length)
+    native = min(limit for limit in limits if limit > 0) if any(limits) else 512
+    if requested is None:
+        return native
+    if requested > native:
+        raise ValueError(f"--max-model-len {requested} is longer than the model's {native} input tokens")
+    return requested
+
+
+def matryoshka(config: PretrainedConfig) -> tuple[bool, tuple[int, ...] | None]:
+    """Whether the model may be cut to fewer dimensions, and to which (its config's `matryoshka_dimensions` or
+    `is_matryoshka`, the keys vLLM reads)."""
+    dims = getattr(config, "matryoshka_dimensions", None)
+    if dims:
+        return True, tuple(int(d) for d in dims)
+    return bool(getattr(config, "is_matryoshka", False)), None
+
+
+def load_embedding_context(
+    settings: Settings, config: PretrainedConfig, tokenizer: Any, device: torch.device, dtype: torch.dtype
+) -> ServingContext:
+    """The serving context of an embedding model (runs in a worker thread, like load_serving_context)."""
+    if getattr(config, "is_encoder_decoder", False) or config.model_type == "whisper":
+        raise ValueError(
+            f"--model-kind embedding serves encoders (BERT family) and decoders, not {config.model_type}: "
+            "an encoder-decoder model has no single stack of token states to pool"
+        )
+    spec = pooling_spec(settings.model, config)
+    max_len = input_limit(config, tokenizer, spec, settings.max_model_len)
+    placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
+    model = AutoModel.from_pretrained(
+        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **placement
+    )
+    if not settings.device_map:
+        model.to(device)
+    model.eval()
+    if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
+        logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
+    runner = EmbeddingRunner(model, spec, pad_token_id=int(tokenizer.pad_token_id or 0))
+    runner.embed(
+        [tokenizer("warm up")["input_ids"]]
+    )  # oneDNN's first-call set-up, and a model that cannot run fails now
+    threads = torch.get_num_threads() if model.device.type == "cpu" else 1
+    # Requests in flight at most: --max-batch-size + --max-queue, as the generation engine admits them.
+    engine = EmbeddingEngine(
+        runner,
+        max_rows=settings.max_batch_size,
+        max_tokens=settings.max_prefill_tokens,
+        max_requests=settings.max_batch_size + settings.max_queue,
+        threads=threads,
+        forward_cost=CPU_FORWARD_COST_TOKENS if model.device.type == "cpu" else GPU_FORWARD_COST_TOKENS,
+    )
+    is_matryoshka, dims = matryoshka(config)
+    logger.info(
+        "loaded %s (embedding: %s pooling%s, %d dimensions) on %s as %s, inputs up to %d tokens",
+        settings.model,
+        spec.mode,
+        ", normalized" if spec.normalize else "",
+        runner.width,
+        device,
+        dtype,
+        max_len,
+    )
+    return ServingContext(
+        engine=engine,
+        tokenizer=TokenizerService(tokenizer),
+        model_name=settings.model_name,
+        model_aliases=frozenset({settings.model_name, settings.model}),
+        max_model_len=max_len,
+        model_kind="embedding",
+        max_input_len=max_len,
+        capabilities=frozenset({Capability.EMBEDDINGS}),
+        embeddings=EmbeddingModel(
+            engine=engine,
+            max_input_len=max_len,
+            width=runner.width,
+            normalized=spec.normalize,
+            matryoshka=is_matryoshka,
+            matryoshka_dims=dims,
+        ),
+    )
