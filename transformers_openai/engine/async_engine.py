@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.engine_thread import EngineThread
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.engine.retry_after import RetryAfter
@@ -48,7 +47,7 @@ class EngineStats:
     in_flight: int
 
 
-class AsyncEngine:
+class AsyncEngine(EngineThread[ModelRunner]):
     """Thread-safe bridge between the event loop and the `EngineCore` thread.
 
     Admission is decided at once on the event loop (`submit` raises `EngineOverloaded`); outputs
@@ -61,39 +60,22 @@ class AsyncEngine:
         max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS,
         flow: FlowControl | None = None,
     ) -> None:
+        super().__init__("engine", core.runner)
         self._core = core
         self._max_pending = max_pending_outputs
         self._flow_control = flow or FlowControl()
-        self._cv = threading.Condition()
         # Handed from the event loop to the engine thread under `_cv`; applied between steps.
         self._new: list[EngineRequest] = []
         self._aborted: list[tuple[str, str]] = []  # (request id, why)
         self._flow: list[tuple[str, bool]] = []  # (request id, pause?) in the order the event loop decided them
-        self._calls: list[tuple[Callable[[ModelRunner], Any], concurrent.futures.Future[Any]]] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._paused: set[str] = set()  # on the event loop: the requests it asked the engine to pause
         self._retry_after = RetryAfter()  # for the Retry-After of a 429
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = False
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self._thread.start()
-
-    async def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
+        await super().start()
 
     def stats(self) -> EngineStats:
         scheduler = self._core.scheduler
@@ -160,17 +142,6 @@ class AsyncEngine:
             self._aborted.append((request_id, "its consumer stopped"))
             self._cv.notify()
 
-    async def call(self, fn: Callable[[ModelRunner], T]) -> T:
-        """Runs `fn(runner)` on the engine thread between two steps (model work outside the batch, e.g. an
-        alignment pass) and returns its result; the model is never used by two threads at once."""
-        if not self.running:
-            raise EngineStopped("the engine is not running")
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._cv:
-            self._calls.append((fn, future))
-            self._cv.notify()
-        return await asyncio.wrap_future(future)
-
     def fail_in_flight(self, message: str) -> int:
         """Ends every request in flight at once with a shutdown error (call on the event loop).
 
@@ -230,7 +201,9 @@ class AsyncEngine:
             elif queue.qsize() >= self._max_pending:
                 logger.warning(
                     "request %s: its consumer is %d outputs behind (client not reading); aborted",
-                    output.request_id, queue.qsize(), extra={"request_id": output.request_id},
+                    output.request_id,
+                    queue.qsize(),
+                    extra={"request_id": output.request_id},
                 )
                 self._end(output.request_id, "the client stopped reading the response", ErrorKind.STALLED)
                 self._core.observer.on_stream_stalled()
@@ -287,13 +260,8 @@ class AsyncEngine:
                 new, self._new = self._new, []
                 aborted, self._aborted = self._aborted, []
                 flow, self._flow = self._flow, []
-                calls, self._calls = self._calls, []
-            for fn, future in calls:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(core.runner))
-                    except Exception as exc:  # the caller's failure, not the engine's
-                        future.set_exception(exc)
+                calls = self._take_calls()
+            self._run_calls(calls)
             try:
                 for request in new:
                     self._add(request)
@@ -313,7 +281,6 @@ class AsyncEngine:
                 logger.exception("engine step failed")
                 outputs = core.fail_all(exc)
             self._publish(outputs)
-        for _, future in self._calls:
-            future.cancel()
+        self._cancel_calls()
         if self._loop is not None and not self._loop.is_closed():
             self._publish(self._core.fail_all(EngineStopped("the engine stopped")))

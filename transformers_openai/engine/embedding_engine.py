@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from transformers_openai.engine.engine_thread import EngineThread
 from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 
@@ -84,7 +84,7 @@ def batches(
     return found[::-1]
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(EngineThread[Embedder]):
     """Thread-safe bridge between the event loop and the thread that runs the embedding model.
 
     `embed` admits a request at once (raises `EngineOverloaded` when `max_requests` are in flight) and resolves
@@ -100,36 +100,16 @@ class EmbeddingEngine:
         threads: int,
         forward_cost: int = CPU_FORWARD_COST_TOKENS,
     ) -> None:
+        super().__init__("embedding-engine", runner)
         self.runner = runner
         self.max_rows = max_rows
         self.max_tokens = max_tokens
         self.forward_cost = forward_cost
         self.max_requests = max_requests
         self._threads = threads
-        self._cv = threading.Condition()
         self._jobs: list[_Job] = []
-        self._calls: list[tuple[Callable[[Any], Any], concurrent.futures.Future[Any]]] = []
         self._in_flight: set[concurrent.futures.Future[Vectors]] = set()
         self._requests = self._inputs = self._forwards = 0
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
-
-    async def start(self) -> None:
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="embedding-engine", daemon=True)
-        self._thread.start()
-
-    async def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
 
     def stats(self) -> EmbeddingStats:
         with self._cv:
@@ -161,16 +141,6 @@ class EmbeddingEngine:
         with self._cv:
             self._in_flight.discard(future)
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Runs `fn(runner)` on the engine thread between two batches."""
-        if not self.running:
-            raise EngineStopped("the engine is not running")
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._cv:
-            self._calls.append((fn, future))
-            self._cv.notify()
-        return await asyncio.wrap_future(future)
-
     def fail_in_flight(self, message: str) -> int:
         """Ends every request not answered yet with `EngineStopped(message)`; returns how many."""
         with self._cv:
@@ -200,18 +170,14 @@ class EmbeddingEngine:
                 if self._stopping:
                     break
                 jobs, self._jobs = self._jobs, []
-                calls, self._calls = self._calls, []
-            for fn, call in calls:
-                if call.set_running_or_notify_cancel():
-                    try:
-                        call.set_result(fn(self.runner))
-                    except Exception as exc:  # the caller's failure, not the engine's
-                        call.set_exception(exc)
+                calls = self._take_calls()
+            self._run_calls(calls)
             self._serve([job for job in jobs if job.future.set_running_or_notify_cancel()])
         with self._cv:
             left, self._jobs = self._jobs, []
         for job in left:
             job.future.cancel()
+        self._cancel_calls()
 
     def _serve(self, jobs: list[_Job]) -> None:
         """Embeds the inputs of `jobs` together and answers each job."""
