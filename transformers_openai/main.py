@@ -81,7 +81,7 @@ def run(settings: Settings) -> int:
         failed = True
         os.kill(os.getpid(), signal.SIGINT)  # let uvicorn shut down cleanly, then exit non-zero
 
-    metrics = Metrics(settings.model_name)
+    metrics = Metrics(settings.model_name, compat=settings.metrics_compat)
     app = create_app(settings, lambda: load_serving_context(settings, metrics), on_load_failure, metrics)
     limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
     config = uvicorn.Config(

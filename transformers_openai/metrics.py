@@ -14,6 +14,14 @@ _PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
+# The load a balancer reads: gauges by their name after the prefix (ours, vLLM's with --metrics-compat vllm, and the
+# named metrics of an ORCA load report).
+LOAD_GAUGES = {
+    "num_requests_running": "Requests in the running batch.",
+    "num_requests_waiting": "Requests waiting for a row.",
+    "kv_cache_usage_perc": "Fraction of the K/V pool's blocks held by requests (1 = full).",
+}
+
 
 class Metrics:
     """All metrics of one server, in their own registry (no process-global state).
@@ -22,8 +30,10 @@ class Metrics:
     API layer about rejected requests.
     """
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, compat: str = "none") -> None:
         self.registry = registry or CollectorRegistry()
+        # The last step's load, for load reports in response headers (read on the event loop: replaced whole).
+        self.load: dict[str, float] = dict.fromkeys(LOAD_GAUGES, 0.0)
         labels = ["model_name"]
         self._model = model_name
         self._prefix_seen = {"queries": 0, "hits": 0}  # the engine reports running totals; counters take the rise
@@ -38,10 +48,10 @@ class Metrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r)
 
-        self.running = gauge("num_requests_running", "Requests in the running batch.")
-        self.waiting = gauge("num_requests_waiting", "Requests waiting for a row.")
+        self.running = gauge("num_requests_running", LOAD_GAUGES["num_requests_running"])
+        self.waiting = gauge("num_requests_waiting", LOAD_GAUGES["num_requests_waiting"])
         self.kv_rows = gauge("kv_cache_rows_in_use", "KV-cache rows (one per running request) in use.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of the K/V pool's blocks held by requests (1 = full).")
+        self.kv_usage = gauge("kv_cache_usage_perc", LOAD_GAUGES["kv_cache_usage_perc"])
         self.kv_blocks_used = gauge("kv_cache_blocks_used", "K/V pool blocks held by requests.")
         self.kv_blocks_free = gauge(
             "kv_cache_blocks_free", "K/V pool blocks free to take (cached prefixes nobody holds included)."
@@ -75,6 +85,15 @@ class Metrics:
             registry=r,
         )
         self.requests = counter("requests_total", "Requests received, by endpoint.", ("endpoint",))
+        # The same gauges under vLLM's names, which routers and the Gateway API inference extension read by default.
+        self._compat = (
+            {name: Gauge(f"vllm:{name}", doc, labels, registry=r) for name, doc in LOAD_GAUGES.items()}
+            if compat == "vllm"
+            else {}
+        )
+        # The load gauges read 0 from the start (before any step): a router reading them finds them at once.
+        for load_gauge in (self.running, self.waiting, self.kv_usage, *self._compat.values()):
+            load_gauge.labels(model_name).set(0)
         self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
         self.real_time_factor = histogram(
             "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
@@ -83,12 +102,22 @@ class Metrics:
     # -- EngineObserver
     def on_step(self, stats: StepStats) -> None:
         model = self._model
+        kv = stats.kv
+        usage = kv.blocks_used / kv.blocks_total if kv is not None and kv.blocks_total else 0.0
+        load = {
+            "num_requests_running": float(stats.running),
+            "num_requests_waiting": float(stats.waiting),
+            "kv_cache_usage_perc": usage,
+        }
+        self.load = load
+        for name, value in load.items():
+            if name in self._compat:
+                self._compat[name].labels(model).set(value)
         self.running.labels(model).set(stats.running)
         self.waiting.labels(model).set(stats.waiting)
         self.kv_rows.labels(model).set(stats.rows_in_use)
-        kv = stats.kv
         if kv is not None:
-            self.kv_usage.labels(model).set(kv.blocks_used / kv.blocks_total if kv.blocks_total else 0.0)
+            self.kv_usage.labels(model).set(usage)
             self.kv_blocks_used.labels(model).set(kv.blocks_used)
             self.kv_blocks_free.labels(model).set(kv.blocks_total - kv.blocks_used)
             self.kv_blocks_cached.labels(model).set(kv.blocks_cached)

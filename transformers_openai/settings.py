@@ -140,6 +140,15 @@ class Settings(BaseSettings):
         description="Responses of /v1/responses kept in memory for GET and previous_response_id, least recently "
         "used dropped first; 0 stores none.",
     )
+    replica_id: str | None = Field(
+        None, description="Sent back as X-Replica-Id on every response: which replica answered, behind a balancer."
+    )
+    metrics_compat: Literal["none", "vllm"] = Field(
+        "none",
+        description="'vllm': /metrics also exports the waiting, running and K/V-usage gauges under vLLM's names "
+        "(vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc), as routers and the "
+        "Gateway API inference extension read them.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     log_format: Literal["text", "json"] = Field("text", description="Log lines as plain text or one JSON object each.")
 

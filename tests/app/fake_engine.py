@@ -27,6 +27,14 @@ class Script:
     error_after: int | None = None
 
 
+@dataclass(frozen=True)
+class FakeStats:
+    """What the fake reports, read as the engine's stats are (attributes; /health shows them all)."""
+
+    in_flight: int
+    submitted: int
+
+
 class FakeEngine:
     """Implements the serving layer's `EngineClient` surface without a model."""
 
@@ -53,8 +61,8 @@ class FakeEngine:
         self._running = False
         self._stopped.set()
 
-    def stats(self) -> dict[str, int]:
-        return {"in_flight": len(self.in_flight), "submitted": len(self.submitted)}
+    def stats(self) -> FakeStats:
+        return FakeStats(in_flight=len(self.in_flight), submitted=len(self.submitted))
 
     def submit(self, requests: Sequence[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
         if not self._running:

@@ -1,4 +1,5 @@
-"""Start-up and discovery: /health while loading and after, /models with and without /v1."""
+"""Start-up and discovery: /health, /ready and /get_load while loading, after and draining; /models with and
+without /v1."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ async def test_health_is_503_until_the_loader_finishes(fake: FakeEngine, hf_toke
             assert error["type"] == "service_unavailable"
             assert "loading" in error["message"]
             assert_error(await client.post(CHAT, json=chat_body()), 503)
+            assert_error(await client.get("/ready"), 503)
+            assert_error(await client.get("/get_load"), 503)
             assert_error(await client.get("/v1/models"), 503)
             assert not fake.submitted
 
@@ -84,3 +87,16 @@ async def test_unknown_model_id_is_404_model_not_found(client: httpx.AsyncClient
 async def test_unknown_route_and_wrong_method_keep_the_error_shape(client: httpx.AsyncClient) -> None:
     assert_error(await client.get("/v1/nope"), 404)
     assert_error(await client.get(CHAT), 405)
+
+
+async def test_ready_and_load_once_loaded_then_not_ready_while_draining(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    assert (await client.get("/ready")).json() == {"status": "ready"}
+    assert (await client.get("/get_load")).json() == {"load": 0}
+    fake.in_flight.add("held")
+    assert (await client.get("/get_load")).json() == {"load": 1}
+    client_app_state = client._transport.app.state.serving  # type: ignore[attr-defined]
+    client_app_state.begin_drain()
+    error = assert_error(await client.get("/ready"), 503)
+    assert "shutting down" in error["message"]

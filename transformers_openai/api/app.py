@@ -12,7 +12,7 @@ from transformers_openai.api.audio_routes import build_audio_router
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
-from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware
+from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware, ServerHeaders
 from transformers_openai.api.openapi import install_openapi
 from transformers_openai.api.response_routes import build_responses_router
 from transformers_openai.api.routes import build_ops_router, build_router
@@ -20,7 +20,7 @@ from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
 from transformers_openai.settings import Settings
 
-OPS_PATHS = frozenset({"/health", "/metrics"})
+OPS_PATHS = frozenset({"/health", "/ready", "/get_load", "/metrics"})
 _FORM_OVERHEAD_BYTES = 1024 * 1024
 
 
@@ -47,7 +47,7 @@ def create_app(
     app = FastAPI(title="transformers-openai-api", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.state.settings = settings
-    app.state.metrics = metrics or Metrics(settings.model_name)
+    app.state.metrics = metrics or Metrics(settings.model_name, compat=settings.metrics_compat)
     install_error_handlers(app)
     install_openapi(app)
     router = build_router()
@@ -68,6 +68,7 @@ def create_app(
         open_paths = frozenset() if settings.auth_health_and_metrics else OPS_PATHS
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys, open_paths=open_paths.__contains__)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(ServerHeaders, replica_id=settings.replica_id, load=lambda: app.state.metrics.load)
     if settings.allowed_origins:
         app.add_middleware(
             Cors,

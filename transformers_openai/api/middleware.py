@@ -1,8 +1,10 @@
-"""ASGI middleware: X-Request-Id, API-key authentication, and CORS answering in our error shape."""
+"""ASGI middleware: X-Request-Id, API-key authentication, CORS answering in our error shape, and the headers that
+tell a load balancer which replica answered and how loaded it is."""
 
 from __future__ import annotations
 
 import hmac
+import json
 import uuid
 from collections.abc import Callable
 
@@ -84,3 +86,43 @@ class Cors(CORSMiddleware):
             if name in response.headers:
                 refused.headers[name] = response.headers[name]
         return refused
+
+
+LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # a balancer asks for a load report in this format
+LOAD_REPORT_HEADER = "endpoint-load-metrics"
+REPLICA_ID_HEADER = "x-replica-id"
+
+
+class ServerHeaders:
+    """Says which server answered and how loaded it is: `X-Replica-Id` on every response where one is set, and an
+    ORCA load report (`endpoint-load-metrics: JSON {...}` or `TEXT ...`, Envoy's format) when the request asks for
+    one with `endpoint-load-metrics-format: json` or `text`."""
+
+    def __init__(self, app: ASGIApp, replica_id: str | None, load: Callable[[], dict[str, float]]) -> None:
+        self.app = app
+        self._replica_id = replica_id
+        self._load = load
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        wanted = Headers(scope=scope).get(LOAD_FORMAT_HEADER, "").strip().lower()
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if self._replica_id:
+                    headers[REPLICA_ID_HEADER] = self._replica_id
+                if wanted in ("json", "text"):
+                    headers[LOAD_REPORT_HEADER] = load_report(self._load(), wanted)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def load_report(load: dict[str, float], form: str) -> str:
+    """An ORCA load report of named metrics, as Envoy parses the `endpoint-load-metrics` header."""
+    if form == "json":
+        return "JSON " + json.dumps({"named_metrics": load}, separators=(",", ":"))
+    return "TEXT " + ", ".join(f"named_metrics.{name}={value:g}" for name, value in load.items())

@@ -182,8 +182,16 @@ class Health(BaseModel):
     engine: dict[str, Any]
 
 
+class Ready(BaseModel):
+    status: str
+
+
+class Load(BaseModel):
+    load: int
+
+
 def build_ops_router() -> APIRouter:
-    """/health and /metrics: outside /v1, for load balancers and Prometheus."""
+    """/health, /ready, /get_load and /metrics: outside /v1, for load balancers, routers and Prometheus."""
     router = APIRouter()
 
     @_get(
@@ -195,6 +203,19 @@ def build_ops_router() -> APIRouter:
     )
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @_get(router, "/ready", response_model=Ready, responses=_ERRORS)
+    async def ready(request: Request) -> Ready:
+        """200 only while the model is loaded and the server takes requests: 503 while loading and once draining."""
+        state = _state(request)
+        if not state.ready():
+            raise ServiceUnavailableError(state.status_message())
+        return Ready(status="ready")
+
+    @_get(router, "/get_load", response_model=Load, responses=_ERRORS)
+    async def get_load(request: Request) -> Load:
+        """The requests this server holds (running and waiting), as vLLM's router reads a worker's load."""
+        return Load(load=_state(request).context().engine.stats().in_flight)
 
     @_get(router, "/health", response_model=Health, responses=_ERRORS)
     async def health(request: Request) -> JSONResponse:
