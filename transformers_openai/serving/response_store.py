@@ -18,10 +18,20 @@ class StoredResponse:
     conversation: tuple[ChatMessage, ...]
 
 
+# What the stored responses may take together, as the characters of their JSON (a long conversation, which each
+# entry holds whole, counts in every entry that holds it): a count alone would let 1,000 long-context chats take
+# gigabytes.
+DEFAULT_MAX_CHARS = 256 * 2**20
+
+
 class ResponseStore:
-    def __init__(self, capacity: int) -> None:
+    """At most `capacity` responses and `max_chars` characters of them; the least recently used go first."""
+
+    def __init__(self, capacity: int, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.capacity = capacity  # 0: nothing is stored
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_chars = max_chars
+        self.chars = 0
+        self._entries: OrderedDict[str, tuple[StoredResponse, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -29,16 +39,25 @@ class ResponseStore:
     def put(self, entry: StoredResponse) -> None:
         if self.capacity <= 0:
             return
-        self._entries[entry.response.id] = entry
-        self._entries.move_to_end(entry.response.id)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        size = len(entry.response.model_dump_json()) + sum(len(m.model_dump_json()) for m in entry.conversation)
+        if size > self.max_chars:
+            return  # larger than the whole store: kept nowhere rather than emptying it
+        self.delete(entry.response.id)
+        self._entries[entry.response.id] = (entry, size)
+        self.chars += size
+        while len(self._entries) > self.capacity or self.chars > self.max_chars:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.chars -= evicted
 
     def get(self, response_id: str) -> StoredResponse | None:
-        entry = self._entries.get(response_id)
-        if entry is not None:
-            self._entries.move_to_end(response_id)
-        return entry
+        found = self._entries.get(response_id)
+        if found is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return found[0]
 
     def delete(self, response_id: str) -> bool:
-        return self._entries.pop(response_id, None) is not None
+        found = self._entries.pop(response_id, None)
+        if found is not None:
+            self.chars -= found[1]
+        return found is not None
