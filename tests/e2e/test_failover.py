@@ -38,8 +38,10 @@ CLIENTS = 20
 LOAD_S = 30.0
 SIGNAL_AT_S = 10.0
 BODY = {"model": "test-model", "prompt": "go", "max_tokens": 24, "ignore_eos": True, "stream": True}
-# Faster checks than the config's defaults, so a replica is out within a second (fall 2: two failed checks).
-CHECKS = {"CHECK_INTER": "500ms", "CHECK_FASTINTER": "200ms", "CHECK_DOWNINTER": "1s"}
+# Faster checks than the config's defaults (2s, 500ms, 5s), so a killed replica is out within a second (fall 2: two
+# failed checks). The SIGTERM test keeps the defaults: the draining replica then refuses requests with 503 for half a
+# second or more before HAProxy takes it out, and those must be retried on the other one.
+FAST_CHECKS = {"CHECK_INTER": "500ms", "CHECK_FASTINTER": "200ms", "CHECK_DOWNINTER": "1s"}
 
 
 @dataclass
@@ -68,11 +70,11 @@ class Balancer:
             self.process.wait(timeout=10)
 
 
-def start_balancer(replicas: dict[str, ServerProcess], log_dir: Path, balance: str) -> Balancer:
+def start_balancer(replicas: dict[str, ServerProcess], log_dir: Path, balance: str, checks: dict[str, str]) -> Balancer:
     port, stats_port = free_port(), free_port()
     env = {
         **os.environ,
-        **CHECKS,
+        **checks,
         "REPLICA_1": f"127.0.0.1:{replicas[NAMES[0]].port}",
         "REPLICA_2": f"127.0.0.1:{replicas[NAMES[1]].port}",
         "LB_BIND": f"127.0.0.1:{port}",
@@ -100,7 +102,7 @@ def start_balancer(replicas: dict[str, ServerProcess], log_dir: Path, balance: s
 
 @contextlib.contextmanager
 def cluster(
-    model: Path, log_dir: Path, balance: str = "leastconn"
+    model: Path, log_dir: Path, balance: str = "leastconn", checks: dict[str, str] = FAST_CHECKS
 ) -> Iterator[tuple[dict[str, ServerProcess], Balancer]]:
     replicas: dict[str, ServerProcess] = {}
     errors: list[BaseException] = []
@@ -122,7 +124,7 @@ def cluster(
     try:
         if errors:
             raise errors[0]
-        balancer = start_balancer(replicas, log_dir, balance)
+        balancer = start_balancer(replicas, log_dir, balance, checks)
         yield replicas, balancer
     finally:
         if balancer is not None:
@@ -207,7 +209,7 @@ def wait_down(balancer: Balancer, name: str) -> float:
 
 
 def test_sigterm_drains_one_replica_without_a_client_error(tiny_llama_dir: Path, server_logs: Path) -> None:
-    with cluster(tiny_llama_dir, server_logs) as (replicas, balancer):
+    with cluster(tiny_llama_dir, server_logs, checks={}) as (replicas, balancer):
         victim = replicas[NAMES[0]]
         load = Load(balancer.url)
         load.start()
@@ -238,6 +240,7 @@ def test_sigterm_drains_one_replica_without_a_client_error(tiny_llama_dir: Path,
     # and once HAProxy had taken it out, HAProxy sent it nothing at all.
     assert not [outcome for outcome in on_victim if outcome.started > signalled]
     assert final[NAMES[0]]["stot"] == sessions_when_down
+    assert int(final["BACKEND"]["wretr"]) > 0, "no request met the draining replica's 503 (nothing was retried)"
     assert final[NAMES[1]]["status"] == "UP"
 
 
