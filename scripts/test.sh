@@ -20,6 +20,11 @@ apt_install() { # package, why
 if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
   apt_install docker-compose "the compose CLI validates docker-compose.yaml (no Docker engine is used)"
 fi
+# The failover test runs two replicas behind the real HAProxy with deploy/haproxy.cfg (Debian's package; as root
+# only, like the compose CLI above; without it that test is skipped).
+if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
+  apt_install haproxy "tests/e2e/test_failover.py runs replicas behind HAProxy with deploy/haproxy.cfg"
+fi
 ruff check transformers_openai tests stress-test scripts
 mypy transformers_openai
 # -rs: each skipped test with its reason in the summary.

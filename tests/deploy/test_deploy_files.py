@@ -33,25 +33,33 @@ COMPOSE_FILE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+HAPROXY_CFG = ROOT / "deploy" / "haproxy.cfg"
 HEALTHCHECK_SCRIPT = ROOT / "deploy" / "healthcheck.py"
 ENTRYPOINT_SCRIPT = ROOT / "deploy" / "entrypoint.py"
 ENV_SCRIPT = ROOT / "scripts" / "env.sh"
 README = ROOT / "README.md"
 
 SERVER_MODULE = ["-m", "transformers_openai.main"]
-SERVER_SERVICES = ("server", "cpu", "replica")
-ALL_PROFILES = ("cpu", "replicas")
+SERVER_SERVICES = ("server", "cpu", "replica", "gpu0", "gpu1", "cpu1", "cpu2")
+ALL_PROFILES = ("cpu", "replicas", "haproxy", "haproxy-cpu")
 # Settings fields the compose file deliberately leaves out, with the reason. None today.
 NOT_PASSED_THROUGH: dict[str, str] = {}
 # Environment variables of the server services that are not Settings: libraries in the process read them.
 NON_SETTINGS_ENV = {
     "HF_TOKEN": "huggingface_hub: token for gated or private models",
     "HF_HUB_OFFLINE": "huggingface_hub: no hub calls once the model is cached",
+    "CUDA_VISIBLE_DEVICES": "CUDA: the one GPU a replica of the haproxy profile sees",
 }
 # Environment variables deploy/entrypoint.py reads before it starts the server.
 ENTRYPOINT_ENV = {"GPU_REPLICAS": "replicas sharing one GPU: each K/V cache takes 0.85 / N of its free memory"}
 # What the compose file pins on purpose, whatever the host says (so the Settings default does not apply).
-PINNED = {"server": {"host": "0.0.0.0"}, "cpu": {"host": "0.0.0.0", "device": "cpu"}, "replica": {"host": "0.0.0.0"}}
+PINNED = {
+    "server": {"host": "0.0.0.0"},
+    "cpu": {"host": "0.0.0.0", "device": "cpu"},
+    "replica": {"host": "0.0.0.0"},
+    **{name: {"host": "0.0.0.0", "replica_id": name} for name in ("gpu0", "gpu1")},
+    **{name: {"host": "0.0.0.0", "device": "cpu", "replica_id": name} for name in ("cpu1", "cpu2")},
+}
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -245,7 +253,9 @@ def compose_cli() -> list[str] | None:
 
 
 def host_environment_without_settings() -> dict[str, str]:
-    known = set(field_of_env_name()) | set(NON_SETTINGS_ENV) | set(ENTRYPOINT_ENV) | {"REPLICAS", "LB_PORT"}
+    known = (
+        set(field_of_env_name()) | set(NON_SETTINGS_ENV) | set(ENTRYPOINT_ENV) | {"REPLICAS", "LB_PORT", "LB_BALANCE"}
+    )
     return {name: value for name, value in os.environ.items() if name.upper() not in known}
 
 
@@ -452,6 +462,59 @@ def test_nginx_config_streams() -> None:
     assert timeout and int(timeout.group(1)) >= 600
     assert re.search(r"^\s*proxy_pass\s+http://transformers_openai;", conf, re.MULTILINE)
     assert "location = /nginx-health" in conf and "/nginx-health" in " ".join(service("lb")["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize(
+    ("balancer", "profile", "replicas"),
+    [("haproxy", "haproxy", ("gpu0", "gpu1")), ("haproxy-cpu", "haproxy-cpu", ("cpu1", "cpu2"))],
+)
+def test_haproxy_profiles_put_two_replicas_behind_haproxy(
+    balancer: str, profile: str, replicas: tuple[str, ...]
+) -> None:
+    lb = service(balancer)
+    assert lb["profiles"] == [profile] and re.fullmatch(r"haproxy:\d+\.\d+-alpine", lb["image"]), lb["image"]
+    assert "./deploy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in lb["volumes"]
+    assert (
+        "/haproxy-health" in " ".join(lb["healthcheck"]["test"])
+        and "monitor-uri /haproxy-health" in HAPROXY_CFG.read_text()
+    )
+    env = resolved_environment(lb, {})
+    assert [env["REPLICA_1"], env["REPLICA_2"]] == [f"{name}:7088" for name in replicas]
+    assert set(lb["depends_on"]) == set(replicas)
+    for index, name in enumerate(replicas):
+        replica = service(name)
+        assert replica["profiles"] == [profile] and "ports" not in replica, "replicas are reached through HAProxy only"
+        replica_env = resolved_environment(replica, {"PORT": "9000"})
+        assert replica_env["PORT"] == "7088" and replica_env["REPLICA_ID"] == name
+        if profile == "haproxy":  # one GPU each
+            assert gpu_devices(replica) and replica_env["CUDA_VISIBLE_DEVICES"] == str(index)
+        else:
+            assert not gpu_devices(replica) and replica_env["DEVICE"] == "cpu"
+
+
+def test_haproxy_config_checks_readiness_and_retries_refusals() -> None:
+    conf = HAPROXY_CFG.read_text()
+    for line in (
+        'balance "${LB_BALANCE-leastconn}"',
+        "http-check send meth GET uri /ready",
+        "http-check expect status 200",
+        "option http-buffer-request",
+        "option redispatch 1",
+        'server replica1 "${REPLICA_1}"',
+        'server replica2 "${REPLICA_2}"',
+    ):
+        assert re.search(rf"^\s*{re.escape(line)}\s*$", conf, re.MULTILINE), line
+    retry_on = re.search(r"^\s*retry-on\s+(.*)$", conf, re.MULTILINE)
+    assert retry_on and {"503", "conn-failure"} <= set(retry_on.group(1).split())
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed: the config is not validated by it")
+    env = {**os.environ, "REPLICA_1": "127.0.0.1:7001", "REPLICA_2": "127.0.0.1:7002"}
+    for balance in ("leastconn", "hdr(X-Session-ID)"):
+        result = subprocess.run(
+            [haproxy, "-c", "-f", str(HAPROXY_CFG)], env={**env, "LB_BALANCE": balance}, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 # -------------------------------------------------------------------------------------------- (c) Dockerfile
