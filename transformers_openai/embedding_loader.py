@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModel, PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils.hub import cached_file
 
 from transformers_openai.engine.embedding_engine import (
@@ -16,7 +16,6 @@ from transformers_openai.engine.embedding_engine import (
     GPU_FORWARD_COST_TOKENS,
     EmbeddingEngine,
 )
-from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.embedding import EmbeddingRunner
 from transformers_openai.runners.pooling import PoolingSpec, read_sentence_transformers
 from transformers_openai.serving.context import Capability, EmbeddingModel, ServingContext
@@ -92,30 +91,25 @@ def matryoshka(config: PretrainedConfig) -> tuple[bool, tuple[int, ...] | None]:
     return bool(getattr(config, "is_matryoshka", False)), None
 
 
-def load_embedding_context(
-    settings: Settings, config: PretrainedConfig, tokenizer: Any, device: torch.device, dtype: torch.dtype
-) -> ServingContext:
-    """The serving context of an embedding model (runs in a worker thread, like load_serving_context)."""
+def embedding_pooling(settings: Settings, config: PretrainedConfig) -> PoolingSpec:
+    """How the model's token states become one vector; a model that cannot be served for embeddings is refused
+    here, before its weights are loaded."""
     if getattr(config, "is_encoder_decoder", False) or config.model_type == "whisper":
         raise ValueError(
             f"--model-kind embedding serves encoders (BERT family) and decoders, not {config.model_type}: "
             "an encoder-decoder model has no single stack of token states to pool"
         )
-    spec = pooling_spec(settings.model, config)
+    return pooling_spec(settings.model, config)
+
+
+def embedding_context(
+    settings: Settings, config: PretrainedConfig, tokenizer: Any, model: PreTrainedModel, spec: PoolingSpec
+) -> ServingContext:
+    """The serving context of an embedding model whose weights are loaded (runs in a worker thread, like
+    load_serving_context)."""
     max_len = input_limit(config, tokenizer, spec, settings.max_model_len)
-    placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
-    model = AutoModel.from_pretrained(
-        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **placement
-    )
-    if not settings.device_map:
-        model.to(device)
-    model.eval()
-    if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
-        logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
     runner = EmbeddingRunner(model, spec, pad_token_id=int(tokenizer.pad_token_id or 0))
-    runner.embed(
-        [tokenizer("warm up")["input_ids"]]
-    )  # oneDNN's first-call set-up, and a model that cannot run fails now
+    runner.embed([tokenizer("warm up")["input_ids"]])  # oneDNN's first-call set-up; a model that cannot run fails now
     threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     # Requests in flight at most: --max-batch-size + --max-queue, as the generation engine admits them.
     engine = EmbeddingEngine(
@@ -133,8 +127,8 @@ def load_embedding_context(
         spec.mode,
         ", normalized" if spec.normalize else "",
         runner.width,
-        device,
-        dtype,
+        model.device,
+        model.dtype,
         max_len,
     )
     return ServingContext(

@@ -21,7 +21,12 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
-from transformers_openai.embedding_loader import ENCODER_TYPES, load_embedding_context, sentence_transformers_dir
+from transformers_openai.embedding_loader import (
+    ENCODER_TYPES,
+    embedding_context,
+    embedding_pooling,
+    sentence_transformers_dir,
+)
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
@@ -182,11 +187,8 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
     phases.done("config and tokenizer")
-    if spec.build_runner is None:  # a kind with an engine of its own (embeddings)
-        context = load_embedding_context(settings, config, tokenizer, device, dtype)
-        phases.done("weights")
-        logger.info("start-up took %s", phases.summary())
-        return context
+    # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
+    pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
     model = spec.model_class.from_pretrained(
         settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
@@ -198,6 +200,12 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
         phases.done("packing")
+    if pooling is not None:  # a kind with an engine of its own
+        context = embedding_context(settings, config, tokenizer, model, pooling)
+        phases.done("warm-up")
+        logger.info("start-up took %s", phases.summary())
+        return context
+    assert spec.build_runner is not None
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)

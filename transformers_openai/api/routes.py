@@ -29,7 +29,7 @@ from transformers_openai.protocol.tokenize import (
 )
 from transformers_openai.serving.base import GenerationHandler
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
-from transformers_openai.serving.errors import ModelNotFoundError, ServiceUnavailableError
+from transformers_openai.serving.errors import ServiceUnavailableError
 
 # Not a standard status: what nginx logs when the client closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
@@ -170,8 +170,7 @@ def build_router() -> APIRouter:
     @_get(router, "/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
-        if model_id not in state.model_aliases():
-            raise ModelNotFoundError(f"the model '{model_id}' does not exist", param="model")
+        state.context().check_model(model_id)
         return state.model_card()
 
     return router

@@ -165,9 +165,6 @@ class AppState:
         assert self._handlers is not None
         return self._handlers
 
-    def model_aliases(self) -> frozenset[str]:
-        return self.context().model_aliases
-
     def model_card(self) -> ModelCard:
         ctx = self.context()
         return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)

@@ -27,7 +27,6 @@ from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisco
 from transformers_openai.serving.errors import (
     BadRequestError,
     InternalServerError,
-    ModelNotFoundError,
     RequestTimeoutError,
     ServiceUnavailableError,
     to_openai_error,
@@ -114,8 +113,7 @@ class GenerationHandler(Generic[RequestT]):
 
         `request_id` (the X-Request-Id) names the engine requests (`<id>-<choice>`) and their log lines.
         """
-        if request.model not in self.ctx.model_aliases:
-            raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        self.ctx.check_model(request.model)
         if request.prompt_logprobs is not None and self.ctx.encoder_decoder:
             message = "an encoder-decoder model reads the prompt with its encoder: it cannot score it"
             raise BadRequestError(message, param="prompt_logprobs")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.serving.errors import ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
@@ -112,3 +113,8 @@ class ServingContext:
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
     max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none
     embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
+
+    def check_model(self, name: str) -> None:
+        """A request must name the served model (its served name or its path): anything else is a 404."""
+        if name not in self.model_aliases:
+            raise ModelNotFoundError(f"the model '{name}' does not exist", param="model")

@@ -10,7 +10,7 @@ import numpy as np
 from transformers_openai.protocol.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from transformers_openai.serving.context import EmbeddingModel, ServingContext
 from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
-from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
+from transformers_openai.serving.errors import BadRequestError
 
 
 class EmbeddingHandler:
@@ -27,8 +27,7 @@ class EmbeddingHandler:
     async def create(
         self, request: EmbeddingRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
     ) -> EmbeddingResponse:
-        if request.model not in self.ctx.model_aliases:
-            raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        self.ctx.check_model(request.model)
         self._check_dimensions(request.dimensions)
         token_lists = await self._tokenize(request)
         vectors = await until_disconnect(

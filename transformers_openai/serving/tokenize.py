@@ -11,7 +11,7 @@ from transformers_openai.protocol.tokenize import (
 )
 from transformers_openai.serving.chat_tools import ChatTools
 from transformers_openai.serving.context import ServingContext
-from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
+from transformers_openai.serving.errors import BadRequestError
 
 
 class TokenizeHandler:
@@ -53,5 +53,5 @@ class TokenizeHandler:
         return DetokenizeResponse(prompt=await self.ctx.tokenizer.decode(list(request.tokens)))
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.ctx.model_aliases:
-            raise ModelNotFoundError(f"the model '{model}' does not exist", param="model")
+        if model is not None:  # optional here, as in vLLM
+            self.ctx.check_model(model)

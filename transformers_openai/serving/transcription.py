@@ -33,7 +33,7 @@ from transformers_openai.serving.audio import decode_audio
 from transformers_openai.serving.base import check_output
 from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
-from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
+from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.longform import (
     FRAMES_PER_POSITION,
     FRAMES_PER_SECOND,
@@ -86,8 +86,7 @@ class TranscriptionHandler:
         self, request: TranscriptionRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
     ) -> BaseModel | str | AsyncIterator[BaseModel]:
         """The response body (a model, or the string of text/srt/vtt), or a stream of events."""
-        if request.model not in self.ctx.model_aliases:
-            raise ModelNotFoundError(f"the model '{request.model}' does not exist", param="model")
+        self.ctx.check_model(request.model)
         language = self._language(request)
         base_id = request_id or uuid.uuid4().hex
         audio = await asyncio.to_thread(self._prepare, request)
