@@ -1,5 +1,5 @@
 """/v1/embeddings end to end: all-MiniLM-L6-v2 against sentence-transformers, a decoder served for embeddings against
-its own last-token states, the openai client and LangChain, batching across requests, and the 400s."""
+its own last-token states, the openai client and LangChain, concurrent requests, and the 400s."""
 
 from __future__ import annotations
 
@@ -100,8 +100,9 @@ def test_minilm_equals_sentence_transformers_under_concurrency(
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the Normalize module was applied
     assert after["requests"] - before["requests"] == 16
     assert after["inputs"] - before["inputs"] == 50
-    # Inputs of concurrent requests share forwards: fewer forwards than requests.
-    assert after["forwards"] - before["forwards"] < 16, (before, after)
+    # Whether these 16 requests meet in one round depends on how fast the client sends them (on a slow CI machine
+    # each can be answered before the next arrives); that concurrent requests share forwards is shown without
+    # timing in tests/unit/test_embedding_engine.py.
 
 
 @pytest.mark.slow
