@@ -33,7 +33,7 @@ COPY pyproject.toml README.md ./
 COPY transformers_openai ./transformers_openai
 # A regular (not editable) install, so the source tree is not needed at run time; the entry command is tried
 # from / so that it runs the installed package.
-RUN python -m pip install ".[gguf]" \
+RUN python -m pip install ".[gguf,quantization]" \
     && cd / \
     && python -m transformers_openai.main --help >/dev/null \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \

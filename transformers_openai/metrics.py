@@ -94,10 +94,19 @@ class Metrics:
         # The load gauges read 0 from the start (before any step): a router reading them finds them at once.
         for load_gauge in (self.running, self.waiting, self.kv_usage, *self._compat.values()):
             load_gauge.labels(model_name).set(0)
+        self.model_info = Gauge(
+            PREFIX + "model_info",
+            "The served model: 1, labelled with its kind and quantization.",
+            [*labels, "kind", "quantization"],
+            registry=r,
+        )
         self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
         self.real_time_factor = histogram(
             "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
         )
+
+    def on_model_loaded(self, kind: str, quantization: str) -> None:
+        self.model_info.labels(self._model, kind, quantization).set(1)
 
     # -- EngineObserver
     def on_step(self, stats: StepStats) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
@@ -33,6 +33,7 @@ from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.packed_linear import pack_linear_layers
+from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
@@ -190,25 +191,48 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
-    model = spec.model_class.from_pretrained(
-        settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
-    )
-    if not settings.device_map:  # with a device map, accelerate has placed the layers already
+    if settings.gguf_file and settings.quantization != "none":
+        raise ValueError("--quantization does not apply to a GGUF file (transformers dequantizes it as it loads)")
+    plan = plan_quantization(config, settings.quantization, device)
+    quantization = plan.served
+    if plan.config is not None or (quantization != "none" and plan.after_load is None):
+        # A quantizer places the weights it makes as it loads them (some cannot be moved after).
+        placement.setdefault("device_map", {"": device})
+        if plan.config is not None:
+            placement["quantization_config"] = plan.config
+    try:
+        model = spec.model_class.from_pretrained(
+            settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
+        )
+    except (ImportError, RuntimeError, ValueError, NotImplementedError) as exc:
+        if quantization == "none":
+            raise
+        raise RuntimeError(f"the {quantization} model cannot be loaded on {device}: {exc}") from exc
+    if settings.gguf_file:
+        quantization = "gguf-dequantized"
+    if "device_map" not in placement:  # otherwise accelerate or the quantizer has placed the layers already
         model.to(device)
     model.eval()
     phases.done("weights")
+    if plan.after_load is not None:
+        logger.info("quantized %d linear layers (%s)", plan.after_load(model), quantization)
+        phases.done("quantizing")
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
+        # Plain float linear layers only: quantized ones keep their own kernels.
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
         phases.done("packing")
     if pooling is not None:  # a kind with an engine of its own
-        context = embedding_context(settings, config, tokenizer, model, pooling)
+        context = replace(embedding_context(settings, config, tokenizer, model, pooling), quantization=quantization)
         phases.done("warm-up")
         logger.info("start-up took %s", phases.summary())
         return context
     assert spec.build_runner is not None
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
-    logger.info("loaded %s (%s) on %s as %s, context %d", settings.model, kind, device, dtype, max_len)
+    logger.info(
+        "loaded %s (%s) on %s as %s, quantization %s, context %d", settings.model, kind, device, dtype, quantization,
+        max_len,
+    )
     kv_space = resolve_kv_space(settings.kv_cache_memory, settings.kv_block_size, model.device)
     runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len, kv_space)
     if runner.max_model_len < max_len:
@@ -265,6 +289,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         tool_format=tool_format,
         prompt_limits=limits,
         max_stored_responses=settings.max_stored_responses,
+        quantization=quantization,
     )
 
 

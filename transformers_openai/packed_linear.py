@@ -94,15 +94,19 @@ class SharedWeightLinear(torch.nn.Module):
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Packs every `nn.Linear` of a CPU model whose weight is its own (a tied output layer becomes a
-    `SharedWeightLinear`); returns how many were packed (0 when it cannot)."""
+    """Packs every `nn.Linear` of a CPU model whose weight is its own and plain (a tied output layer becomes a
+    `SharedWeightLinear`; a quantized layer is left as it is); returns how many were packed (0 when it cannot)."""
     dtype = next(model.parameters()).dtype
     if not can_pack(dtype):
         return 0
     owners: dict[int, int] = {}
     for _, parameter in model.named_parameters(remove_duplicate=False):
         owners[id(parameter)] = owners.get(id(parameter), 0) + 1
-    names = [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
+    names = [
+        name
+        for name, module in model.named_modules()
+        if type(module) is torch.nn.Linear and _plain(module.weight, dtype)
+    ]
     mapped = FileMappedPages()
     packed = 0
     # By name, one at a time: each plain weight goes as soon as its packed copy is made.
@@ -116,6 +120,15 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
             mapped.release(linear.weight)
             packed += 1
     return packed
+
+
+def _plain(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """A weight of plain float values in the model's dtype (not a quantized tensor subclass such as torchao's)."""
+    return (
+        type(weight) in (torch.nn.Parameter, torch.Tensor)
+        and type(weight.data) is torch.Tensor
+        and (weight.dtype == dtype)
+    )
 
 
 class FileMappedPages:

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, ByteSize, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from transformers_openai.quantization import QuantizationChoice, quantization_help
+
 ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper", "embedding"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
 CommaList = Annotated[list[str], NoDecode]
@@ -32,6 +34,7 @@ class Settings(BaseSettings):
         description="Hub id or local directory of the model (alias: --hf-model / HF_MODEL).",
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside --model to load (dequantized on load).")
+    quantization: QuantizationChoice = Field("none", description=quantization_help())
     served_model_name: str | None = Field(None, description="Model id clients use; defaults to --model.")
     model_kind: ModelKind = Field(
         "auto",

@@ -550,7 +550,7 @@ def test_image_base_is_pinned_and_has_a_cpu_variant() -> None:
     for arguments in instruction_args("ARG"):
         args.update(key_values(arguments))
     assert args["TORCH_INDEX"] == "", "the default image is the CUDA build from PyPI; the cpu service picks the index"
-    assert any('pip install ".[gguf]"' in run for run in instruction_args("RUN"))
+    assert any('pip install ".[gguf,quantization]"' in run for run in instruction_args("RUN"))
 
 
 def test_one_torch_version_for_image_and_scripts() -> None:

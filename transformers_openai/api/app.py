@@ -34,7 +34,8 @@ def create_app(
 
     `metrics` should be the observer the loader gave the engine, so /metrics shows the engine's work.
     """
-    state = AppState(loader)
+    metrics = metrics or Metrics(settings.model_name, compat=settings.metrics_compat)
+    state = AppState(loader, lambda context: metrics.on_model_loaded(context.model_kind, context.quantization))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -47,7 +48,7 @@ def create_app(
     app = FastAPI(title="transformers-openai-api", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.state.settings = settings
-    app.state.metrics = metrics or Metrics(settings.model_name, compat=settings.metrics_compat)
+    app.state.metrics = metrics
     install_error_handlers(app)
     install_openapi(app)
     router = build_router()

@@ -105,8 +105,9 @@ class Handlers:
 class AppState:
     """Holds the serving context once it is loaded; until then requests get 503."""
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Loader, on_loaded: Callable[[ServingContext], None] | None = None) -> None:
         self._loader = loader
+        self._on_loaded = on_loaded
         self._context: ServingContext | None = None
         self._handlers: Handlers | None = None
         self._task: asyncio.Task[None] | None = None
@@ -167,7 +168,7 @@ class AppState:
 
     def model_card(self) -> ModelCard:
         ctx = self.context()
-        return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)
+        return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len, quantization=ctx.quantization)
 
     async def _load(self, on_failure: Callable[[], None] | None) -> None:
         try:
@@ -181,4 +182,6 @@ class AppState:
             return
         self._context = context
         self._handlers = Handlers.for_context(context)
+        if self._on_loaded is not None:
+            self._on_loaded(context)
         logger.info("model %s ready (%s, context %d)", context.model_name, context.model_kind, context.max_model_len)

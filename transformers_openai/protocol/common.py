@@ -26,6 +26,7 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "transformers-openai-api"
     max_model_len: int | None = None
+    quantization: str | None = None  # how the served weights are quantized ("none" when they are not)
 
 
 class ModelList(BaseModel):

@@ -113,6 +113,7 @@ class ServingContext:
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
     max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none
     embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
+    quantization: str = "none"  # how the weights are quantized (transformers_openai.quantization.describe)
 
     def check_model(self, name: str) -> None:
         """A request must name the served model (its served name or its path): anything else is a 404."""

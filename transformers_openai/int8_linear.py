@@ -1,0 +1,97 @@
+"""Linear layers that multiply in int8 on a CPU: int8 weights per output channel, int8 activations per token.
+
+`--quantization int8-dynamic` on a CPU swaps a model's plain `nn.Linear` layers (not its output layer) for these.
+Each token's activations are scaled to int8 by their own absolute maximum, so a row's result never depends on the
+other rows of its batch (greedy outputs under batching stay those of the request alone), and the product runs
+through `torch._int_mm`, oneDNN's integer matrix product (VNNI or AMX where the CPU has them). torchao's int8
+tensors compute the same in eager mode through several times more work per call (measured by
+`stress-test/int8_linear_bench.py`); their speed on a CPU comes only under `torch.compile`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` (out x in) as int8 values in [-127, 127] and one float32 scale per output channel."""
+    scale = weight.float().abs().amax(dim=1).clamp(min=1e-12) / 127
+    values = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return values, scale
+
+
+class Int8Linear(torch.nn.Module):
+    """`y = x W^T + b` with `W` in int8 (per output channel scales) and `x` quantized per token as it comes."""
+
+    weight_t: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.dtype = dtype
+        # Stored as (in x out), the transposed view `_int_mm` takes without a copy.
+        self.register_buffer("weight_t", weight.t())
+        self.register_buffer("weight_scale", scale.float())
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
+        values, scale = quantize_per_channel(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(values, scale, bias, linear.weight.dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The int8 weight (out x in), for code that inspects a layer's weight shape or device."""
+        return self.weight_t.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        x_int8 = torch.round(rows / x_scale).to(torch.int8)
+        y = torch._int_mm(x_int8, self.weight_t).float() * x_scale * self.weight_scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(self.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def int8_matmul_works() -> bool:
+    """Whether `torch._int_mm` runs on this CPU's torch build and agrees with the float product."""
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 64, generator=generator)
+    try:
+        with torch.inference_mode():
+            got, expected = Int8Linear.from_linear(linear)(x), linear(x)
+    except RuntimeError as exc:
+        logger.info("int8 matrix products unavailable: %s", exc)
+        return False
+    return bool(torch.allclose(got, expected, atol=0.05))
+
+
+def quantize_linear_layers(model: torch.nn.Module) -> int:
+    """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision)
+    for an `Int8Linear`; returns how many. Raises where this torch build cannot multiply int8 matrices."""
+    if not int8_matmul_works():
+        raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
+    output_of = getattr(model, "get_output_embeddings", None)
+    output = output_of() if callable(output_of) else None
+    names = [
+        name
+        for name, module in model.named_modules()
+        if type(module) is torch.nn.Linear and module is not output and module.weight.is_floating_point()
+    ]
+    with torch.no_grad():
+        for name in names:
+            model.set_submodule(name, Int8Linear.from_linear(cast(torch.nn.Linear, model.get_submodule(name))))
+    return len(names)
