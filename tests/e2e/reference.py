@@ -11,12 +11,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 
 @lru_cache(maxsize=3)
-def load(model_dir: str):  # type: ignore[no-untyped-def]
+def load(model_dir: str, int8_dynamic: bool = False):  # type: ignore[no-untyped-def]
+    """The model as the server loads it (a quantized checkpoint by its own quantizer); `int8_dynamic`: with the
+    linear layers `--quantization int8-dynamic` swaps on a CPU."""
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     seq2seq = AutoConfig.from_pretrained(model_dir).is_encoder_decoder
     model_class = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     model = model_class.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    if int8_dynamic:
+        from transformers_openai.int8_linear import quantize_linear_layers
+
+        quantize_linear_layers(model)
     return model, tokenizer
 
 
@@ -27,9 +33,9 @@ class Reference:
     logprobs: list[float]  # of each generated token (EOS included), from the raw logits
 
 
-def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> Reference:
+def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int, int8_dynamic: bool = False) -> Reference:
     """model.generate on this request alone, greedy."""
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = load(str(model_dir), int8_dynamic)
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,

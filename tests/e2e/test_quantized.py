@@ -1,0 +1,140 @@
+"""Quantized models served: greedy outputs under batching, streamed or not, with preemption among them, equal the
+same quantized model's own `generate` alone; /v1/models and /metrics name the quantization; a format this host
+cannot run stops the start with an error that names what it needs."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e import reference
+from tests.e2e.conftest import async_client
+from tests.e2e.server import ServerProcess, start_server
+from tests.quantized_models import build_torchao, with_quantization_config
+
+pytestmark = pytest.mark.e2e
+
+# As in test_kv_budget.py: 200 KiB hold 24 blocks of 16 tokens of the tiny Llama, fewer than 8 rows of 72 tokens need.
+BUDGET = ["--max-batch-size", "8", "--kv-cache-memory", "200KiB"]
+PROMPTS = [f"Item {i}: a line about {topic} and nothing else" for i, topic in
+           enumerate(["rivers", "bread", "old maps", "winter", "trains", "stars", "the moon", "cats"])]
+MAX_TOKENS = 60
+
+
+@dataclass
+class Quantized:
+    served: str  # what /v1/models and /metrics must say
+    model_dir: Path  # what the server is started on
+    reference_dir: Path  # the quantized model `generate` runs alone
+    args: tuple[str, ...] = ()
+    int8_dynamic: bool = False  # the reference swaps in the int8 layers as the server does
+
+
+@pytest.fixture(scope="session")
+def quantized_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quantized")
+
+
+def _format(name: str, tiny_llama_dir: Path, root: Path) -> Quantized:
+    if name == "torchao-int8-weight-only checkpoint":
+        made = build_torchao(tiny_llama_dir, root / "torchao-int8wo", "Int8WeightOnlyConfig")
+        return Quantized("torchao-int8-weight-only", made, made)
+    if name == "--quantization int8-weight-only":  # the same weights as the checkpoint above, made at load
+        made = build_torchao(tiny_llama_dir, root / "torchao-int8wo", "Int8WeightOnlyConfig")
+        return Quantized("torchao-int8-weight-only", tiny_llama_dir, made, ("--quantization", "int8-weight-only"))
+    if name == "--quantization int8-dynamic":
+        return Quantized("int8-dynamic", tiny_llama_dir, tiny_llama_dir, ("--quantization", "int8-dynamic"), True)
+    raise AssertionError(name)
+
+
+FORMATS = ["torchao-int8-weight-only checkpoint", "--quantization int8-weight-only", "--quantization int8-dynamic"]
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def quantized(
+    request: pytest.FixtureRequest, tiny_llama_dir: Path, quantized_root: Path, server_logs: Path
+) -> Iterator[tuple[Quantized, ServerProcess]]:
+    case = _format(request.param, tiny_llama_dir, quantized_root)
+    server = start_server(case.model_dir, server_logs, *BUDGET, *case.args)
+    yield case, server
+    server.stop()
+
+
+def metric_line(server: ServerProcess, name: str) -> str:
+    text = httpx.get(f"{server.root_url}/metrics", timeout=10).text
+    match = re.search(rf"^transformers_openai:{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return match.group(0)
+
+
+async def _burst(server: ServerProcess) -> list[tuple[str, int]]:
+    """The prompts at once: even ones streamed, odd ones not."""
+    client = async_client(server)
+
+    async def one(i: int, prompt: str) -> tuple[str, int]:
+        options = {"model": server.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+        if i % 2:
+            response = await client.completions.create(**options)
+            return response.choices[0].text, response.usage.completion_tokens
+        stream = await client.completions.create(**options, stream=True, stream_options={"include_usage": True})
+        text, tokens = "", 0
+        async for chunk in stream:
+            text += "".join(choice.text for choice in chunk.choices)
+            tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+        return text, tokens
+
+    try:
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS))))
+    finally:
+        await client.close()
+
+
+def test_greedy_under_batching_and_preemption_equals_the_quantized_model_alone(
+    quantized: tuple[Quantized, ServerProcess],
+) -> None:
+    case, server = quantized
+    results = asyncio.run(_burst(server))
+    for prompt, got in zip(PROMPTS, results, strict=True):
+        ids = reference.text_prompt_ids(case.reference_dir, prompt)
+        expected = reference.greedy(case.reference_dir, ids, MAX_TOKENS, case.int8_dynamic)
+        assert got == (expected.text, expected.completion_tokens), prompt
+    assert float(metric_line(server, "num_preemptions_total").split()[-1]) > 0
+    assert server.engine_state()["kv_blocks_used"] == 0
+
+
+def test_the_quantization_is_named_in_models_and_metrics(quantized: tuple[Quantized, ServerProcess]) -> None:
+    case, server = quantized
+    card = httpx.get(f"{server.base_url}/models", timeout=10).json()["data"][0]
+    assert card["quantization"] == case.served
+    assert f'quantization="{case.served}"' in metric_line(server, "model_info")
+
+
+def test_an_unquantized_model_says_none(tiny_server: ServerProcess) -> None:
+    assert httpx.get(f"{tiny_server.base_url}/models", timeout=10).json()["data"][0]["quantization"] == "none"
+    assert 'quantization="none"' in metric_line(tiny_server, "model_info")
+
+
+@pytest.mark.parametrize(
+    ("claimed", "args", "message"),
+    [
+        (None, ("--quantization", "fp8"), "--quantization fp8 runs on CUDA GPUs only"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, (), "bitsandbytes-4bit checkpoint runs on CUDA"),
+        ({"quant_method": "gptq", "bits": 4}, ("--quantization", "int8-dynamic"), "already quantized (gptq-4bit)"),
+    ],
+)
+def test_a_format_this_host_cannot_run_stops_the_start_with_a_clear_error(
+    tiny_llama_dir: Path, quantized_root: Path, server_logs: Path, claimed: dict[str, object] | None,
+    args: tuple[str, ...], message: str,
+) -> None:
+    model = tiny_llama_dir if claimed is None else with_quantization_config(
+        tiny_llama_dir, quantized_root / "claimed", claimed
+    )
+    with pytest.raises(RuntimeError, match="server exited with 1") as failed:
+        start_server(model, server_logs, *args, timeout_s=120)
+    assert message in str(failed.value)
