@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tests.e2e import reference
 from tests.e2e.conftest import async_client
@@ -138,3 +139,59 @@ def test_a_format_this_host_cannot_run_stops_the_start_with_a_clear_error(
     with pytest.raises(RuntimeError, match="server exited with 1") as failed:
         start_server(model, server_logs, *args, timeout_s=120)
     assert message in str(failed.value)
+
+
+TEXTS = [
+    "The capital of France is Paris, and the capital of Italy is Rome.",
+    "Bees make honey from the nectar of flowers they visit in the spring.",
+    "Two plus two is four, and four plus four is eight.",
+    "The largest planet in our solar system is Jupiter, a gas giant.",
+]
+
+
+def prompt_scores(model_dir: Path, text: str, int8_dynamic: bool) -> tuple[list[int], list[float]]:
+    model, tokenizer = reference.load(str(model_dir), int8_dynamic)
+    ids = list(tokenizer(text).input_ids)
+    with torch.inference_mode():
+        logprobs = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    return ids, [float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+
+@pytest.mark.slow
+def test_smollm2_in_int8_scores_text_as_its_int8_model_alone(smollm2_dir: Path, server_logs: Path) -> None:
+    """A real model: the int8 server's prompt scores, four texts at once, are those of the int8 model alone (to
+    the rounding of int8 activations, which sends tiny float differences one quantization step either way), and
+    differ from the float32 model's by more than that: the quantization is real.
+
+    (Long greedy answers are not compared: on a real model a near-tie between two tokens, decided by such a step,
+    sends the rest of an answer another way.)"""
+    server = start_server(smollm2_dir, server_logs, "--quantization", "int8-dynamic", "--max-batch-size", "8")
+    try:
+        async def score_all() -> list[list[float]]:
+            client = async_client(server)
+
+            async def score(text: str) -> list[float]:
+                reply = await client.completions.create(
+                    model=server.model, prompt=text, echo=True, logprobs=0, max_tokens=1, temperature=0
+                )
+                assert reply.choices[0].logprobs is not None
+                return [float(x) for x in reply.choices[0].logprobs.token_logprobs[1:-1]]
+
+            try:
+                return list(await asyncio.gather(*(score(t) for t in TEXTS)))
+            finally:
+                await client.close()
+
+        served = asyncio.run(score_all())
+    finally:
+        server.stop()
+    int8_gaps, float_gaps = [], []
+    for text, got in zip(TEXTS, served, strict=True):
+        _, int8 = prompt_scores(smollm2_dir, text, int8_dynamic=True)
+        _, full = prompt_scores(smollm2_dir, text, int8_dynamic=False)
+        assert len(got) == len(int8)
+        int8_gaps += [abs(a - b) for a, b in zip(got, int8, strict=True)]
+        float_gaps += [abs(a - b) for a, b in zip(got, full, strict=True)]
+    mean = sum(int8_gaps) / len(int8_gaps)
+    assert max(int8_gaps) < 0.05 and mean < 0.005, (max(int8_gaps), mean)
+    assert sum(float_gaps) / len(float_gaps) > 3 * mean, "the served model scores as the float32 one"
