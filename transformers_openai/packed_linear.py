@@ -105,7 +105,7 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
     names = [
         name
         for name, module in model.named_modules()
-        if type(module) is torch.nn.Linear and _plain(module.weight, dtype)
+        if type(module) is torch.nn.Linear and _plain(getattr(module, "weight", None), dtype)
     ]
     mapped = FileMappedPages()
     packed = 0
@@ -122,10 +122,12 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
     return packed
 
 
-def _plain(weight: torch.Tensor, dtype: torch.dtype) -> bool:
-    """A weight of plain float values in the model's dtype (not a quantized tensor subclass such as torchao's)."""
+def _plain(weight: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    """A weight of plain float values in the model's dtype: not a quantized tensor subclass such as torchao's, nor
+    missing (compressed-tensors keeps packed int4 weights under other names until the first forward)."""
     return (
-        type(weight) in (torch.nn.Parameter, torch.Tensor)
+        weight is not None
+        and type(weight) in (torch.nn.Parameter, torch.Tensor)
         and type(weight.data) is torch.Tensor
         and (weight.dtype == dtype)
     )

@@ -27,20 +27,22 @@ QuantizationChoice = Literal[
 class Requirement:
     """What a quantization format needs to load and run."""
 
-    package: str | None  # the import name of the package its kernels come from
-    pip: str | None  # what to `pip install` for it
+    packages: tuple[tuple[str, str], ...] = ()  # (import name, what to pip install) of each package it needs
     cuda_capability: tuple[int, int] | None = None  # None: runs on a CPU too
 
 
+TORCHAO = Requirement((("torchao", "torchao"),))
+GPTQMODEL = Requirement((("gptqmodel", "gptqmodel"), ("optimum", "optimum")))  # transformers' GPTQ path wants both
+
 # Pre-quantized formats by transformers' `quant_method`. Formats not listed here are left to transformers, whose
-# error (if any) becomes the start-up error.
+# error (if any) becomes the start-up error. An FP8 checkpoint needs nothing: transformers dequantizes it on a
+# device without FP8 kernels (said as `fp8-dequantized`).
 CHECKPOINT_FORMATS: dict[str, Requirement] = {
-    "gptq": Requirement("gptqmodel", "gptqmodel"),
-    "awq": Requirement("gptqmodel", "gptqmodel"),
-    "compressed-tensors": Requirement("compressed_tensors", "compressed-tensors"),
-    "torchao": Requirement("torchao", "torchao"),
-    "bitsandbytes": Requirement("bitsandbytes", "bitsandbytes", cuda_capability=(7, 0)),
-    "fp8": Requirement(None, None, cuda_capability=(8, 9)),
+    "gptq": GPTQMODEL,
+    "awq": Requirement((("gptqmodel", "gptqmodel"),)),
+    "compressed-tensors": Requirement((("compressed_tensors", "compressed-tensors"),)),
+    "torchao": TORCHAO,
+    "bitsandbytes": Requirement((("bitsandbytes", "bitsandbytes"),)),
 }
 
 
@@ -87,7 +89,7 @@ LOAD_QUANTIZATIONS: dict[str, LoadQuantization] = {
         "torchao-int8-weight-only",
         "torchao int8 weights (per output channel), activations in the model's dtype: a quarter of float32's "
         "weight memory; CPU and CUDA",
-        Requirement("torchao", "torchao"),
+        TORCHAO,
         _torchao("Int8WeightOnlyConfig"),
     ),
     "int8-dynamic": LoadQuantization(
@@ -95,25 +97,25 @@ LOAD_QUANTIZATIONS: dict[str, LoadQuantization] = {
         "int8 weights per output channel and int8 activations quantized per token at run time (W8A8), the "
         "output layer left in full precision: on a CPU our own layers over oneDNN's integer product (VNNI/AMX), "
         "on CUDA torchao's",
-        Requirement("torchao", "torchao"),
+        TORCHAO,
         _torchao("Int8DynamicActivationInt8WeightConfig"),
     ),
     "fp8": LoadQuantization(
         "torchao-fp8",
         "torchao float8 weights and dynamic float8 activations: CUDA GPUs of compute capability 8.9 or newer only",
-        Requirement("torchao", "torchao", cuda_capability=(8, 9)),
+        Requirement(TORCHAO.packages, cuda_capability=(8, 9)),
         _torchao("Float8DynamicActivationFloat8WeightConfig"),
     ),
     "bitsandbytes-8bit": LoadQuantization(
         "bitsandbytes-8bit",
         "bitsandbytes LLM.int8() weights: CUDA only",
-        Requirement("bitsandbytes", "bitsandbytes", (7, 0)),
+        Requirement((("bitsandbytes", "bitsandbytes"),), (7, 0)),
         _bitsandbytes(load_in_8bit=True),
     ),
     "bitsandbytes-4bit": LoadQuantization(
         "bitsandbytes-4bit",
         "bitsandbytes NF4 weights, bfloat16 compute: CUDA only",
-        Requirement("bitsandbytes", "bitsandbytes", (7, 0)),
+        Requirement((("bitsandbytes", "bitsandbytes"),), (7, 0)),
         _bitsandbytes(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
     ),
 }
@@ -173,8 +175,9 @@ def check_requirement(what: str, requirement: Requirement, device: torch.device)
                 f"{what} needs a CUDA GPU of compute capability {major}.{minor} or newer; "
                 f"{torch.cuda.get_device_name(device)} has {have[0]}.{have[1]}"
             )
-    if requirement.package is not None and importlib.util.find_spec(requirement.package) is None:
-        raise RuntimeError(f"{what} needs the package {requirement.pip!r}: pip install {requirement.pip}")
+    missing = [pip for name, pip in requirement.packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RuntimeError(f"{what} needs the package(s) {', '.join(missing)}: pip install {' '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ def plan_quantization(config: Any, choice: QuantizationChoice, device: torch.dev
         requirement = CHECKPOINT_FORMATS.get(str(existing.get("quant_method")))
         if requirement is not None:
             check_requirement(f"this {name} checkpoint", requirement, device)
+        if existing.get("quant_method") == "fp8" and device.type != "cuda":
+            name = "fp8-dequantized"
         return QuantizationPlan(name)
     if choice == "none":
         return QuantizationPlan("none")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,6 +31,8 @@ class Reference:
     text: str
     completion_tokens: int
     logprobs: list[float]  # of each generated token (EOS included), from the raw logits
+    token_ids: list[int] = field(default_factory=list)  # the generated tokens (EOS included)
+    margins: list[float] = field(default_factory=list)  # each step's best logprob less its second best
 
 
 def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int, int8_dynamic: bool = False) -> Reference:
@@ -50,7 +52,10 @@ def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int, int8_dynamic
     eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
     count = next((i + 1 for i, token in enumerate(new) if token in eos_ids), len(new))
     text_ids = new[: count - 1] if new[count - 1] in eos_ids else new[:count]
-    return Reference(tokenizer.decode(text_ids, skip_special_tokens=True), count, logprobs[:count])
+    top2 = [torch.log_softmax(step[0].float(), dim=-1).topk(2).values for step in out.logits[:count]]
+    margins = [float(best[0] - best[1]) for best in top2]
+    text = tokenizer.decode(text_ids, skip_special_tokens=True)
+    return Reference(text, count, logprobs[:count], new[:count], margins)
 
 
 def greedy_text(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> tuple[str, int]:

@@ -17,7 +17,7 @@ import torch
 from tests.e2e import reference
 from tests.e2e.conftest import async_client
 from tests.e2e.server import ServerProcess, start_server
-from tests.quantized_models import build_torchao, with_quantization_config
+from tests.quantized_models import build_compressed_tensors, build_gptq, build_torchao, with_quantization_config
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +35,10 @@ class Quantized:
     reference_dir: Path  # the quantized model `generate` runs alone
     args: tuple[str, ...] = ()
     int8_dynamic: bool = False  # the reference swaps in the int8 layers as the server does
+    # Activations quantized per token at run time: a float difference of the batched kernels (paged attention,
+    # another summation order) can round one activation a quantization step the other way, so a greedy path may
+    # leave the reference's, where two tokens nearly tie.
+    quantized_activations: bool = False
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +53,29 @@ def _format(name: str, tiny_llama_dir: Path, root: Path) -> Quantized:
     if name == "--quantization int8-weight-only":  # the same weights as the checkpoint above, made at load
         made = build_torchao(tiny_llama_dir, root / "torchao-int8wo", "Int8WeightOnlyConfig")
         return Quantized("torchao-int8-weight-only", tiny_llama_dir, made, ("--quantization", "int8-weight-only"))
+    if name.startswith("compressed-tensors "):
+        scheme = name.split()[1]
+        made = build_compressed_tensors(tiny_llama_dir, root / f"ct-{scheme}", scheme)
+        served = {"W8A8": "compressed-tensors-int-quantized", "W4A16": "compressed-tensors-pack-quantized"}[scheme]
+        return Quantized(served, made, made, quantized_activations=scheme == "W8A8")
+    if name == "gptq 4-bit checkpoint":
+        made = build_gptq(tiny_llama_dir, root / "gptq-4bit")
+        return Quantized("gptq-4bit", made, made)
     if name == "--quantization int8-dynamic":
-        return Quantized("int8-dynamic", tiny_llama_dir, tiny_llama_dir, ("--quantization", "int8-dynamic"), True)
+        return Quantized(
+            "int8-dynamic", tiny_llama_dir, tiny_llama_dir, ("--quantization", "int8-dynamic"), True, True
+        )
     raise AssertionError(name)
 
 
-FORMATS = ["torchao-int8-weight-only checkpoint", "--quantization int8-weight-only", "--quantization int8-dynamic"]
+FORMATS = [
+    "torchao-int8-weight-only checkpoint",
+    "--quantization int8-weight-only",
+    "--quantization int8-dynamic",
+    "compressed-tensors W8A8 checkpoint",
+    "compressed-tensors W4A16 checkpoint",
+    "gptq 4-bit checkpoint",
+]
 
 
 @pytest.fixture(scope="module", params=FORMATS)
@@ -62,7 +83,8 @@ def quantized(
     request: pytest.FixtureRequest, tiny_llama_dir: Path, quantized_root: Path, server_logs: Path
 ) -> Iterator[tuple[Quantized, ServerProcess]]:
     case = _format(request.param, tiny_llama_dir, quantized_root)
-    server = start_server(case.model_dir, server_logs, *BUDGET, *case.args)
+    # A GPTQ model's first load on a machine compiles GPTQModel's CPU kernel (about two minutes).
+    server = start_server(case.model_dir, server_logs, *BUDGET, *case.args, timeout_s=420)
     yield case, server
     server.stop()
 
@@ -72,6 +94,19 @@ def metric_line(server: ServerProcess, name: str) -> str:
     match = re.search(rf"^transformers_openai:{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)
     assert match, name
     return match.group(0)
+
+
+NEAR_TIE = 0.1  # logprob between the reference's best token and its second best (seen: 0.0016)
+
+
+def first_divergence(model_dir: Path, expected: reference.Reference, text: str) -> int:
+    """The first generated step whose token the served `text` does not continue with."""
+    _, tokenizer = reference.load(str(model_dir))
+    for step in range(len(expected.token_ids)):
+        prefix = tokenizer.decode(expected.token_ids[: step + 1], skip_special_tokens=True)
+        if not prefix.endswith("\ufffd") and not text.startswith(prefix):  # (a character cut in two: not yet)
+            return step
+    raise AssertionError(f"{text!r} continues all of {expected.text!r}")
 
 
 async def _burst(server: ServerProcess) -> list[tuple[str, int]]:
@@ -104,6 +139,10 @@ def test_greedy_under_batching_and_preemption_equals_the_quantized_model_alone(
     for prompt, got in zip(PROMPTS, results, strict=True):
         ids = reference.text_prompt_ids(case.reference_dir, prompt)
         expected = reference.greedy(case.reference_dir, ids, MAX_TOKENS, case.int8_dynamic)
+        if case.quantized_activations and got[0] != expected.text:
+            step = first_divergence(case.reference_dir, expected, got[0])
+            assert expected.margins[step] < NEAR_TIE, (prompt, step, expected.margins[step])
+            continue
         assert got == (expected.text, expected.completion_tokens), prompt
     assert float(metric_line(server, "num_preemptions_total").split()[-1]) > 0
     assert server.engine_state()["kv_blocks_used"] == 0
@@ -125,7 +164,7 @@ def test_an_unquantized_model_says_none(tiny_server: ServerProcess) -> None:
     ("claimed", "args", "message"),
     [
         (None, ("--quantization", "fp8"), "--quantization fp8 runs on CUDA GPUs only"),
-        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, (), "bitsandbytes-4bit checkpoint runs on CUDA"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, (), "needs the package(s) bitsandbytes"),
         ({"quant_method": "gptq", "bits": 4}, ("--quantization", "int8-dynamic"), "already quantized (gptq-4bit)"),
     ],
 )

@@ -64,6 +64,12 @@ def test_an_unquantized_checkpoint_is_served_as_it_is_or_as_asked() -> None:
     assert weight_only.served == "torchao-int8-weight-only" and type(weight_only.config).__name__ == "TorchAoConfig"
 
 
+def test_an_fp8_checkpoint_on_a_cpu_is_served_dequantized() -> None:
+    # transformers dequantizes FP8 weights where there are no FP8 kernels; the name says so.
+    plan = plan_quantization(config_with({"quant_method": "fp8", "weight_block_size": [128, 128]}), "none", CPU)
+    assert plan.served == "fp8-dequantized" and plan.config is None
+
+
 def test_a_quantized_checkpoint_is_not_quantized_again() -> None:
     config = config_with({"quant_method": "gptq", "bits": 4})
     with pytest.raises(ValueError, match=r"already quantized \(gptq-4bit\)"):
@@ -74,8 +80,6 @@ def test_a_quantized_checkpoint_is_not_quantized_again() -> None:
 @pytest.mark.parametrize(
     ("config", "choice"),
     [
-        (config_with({"quant_method": "fp8", "weight_block_size": [128, 128]}), "none"),
-        (config_with({"quant_method": "bitsandbytes", "load_in_4bit": True}), "none"),
         (config_with(None), "fp8"),
         (config_with(None), "bitsandbytes-8bit"),
         (config_with(None), "bitsandbytes-4bit"),
