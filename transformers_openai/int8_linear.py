@@ -47,6 +47,23 @@ class Int8Linear(torch.nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(values, scale, bias, linear.weight.dtype)
 
+    @classmethod
+    def from_compressed_tensors(cls, linear: torch.nn.Linear, dtype: torch.dtype) -> Int8Linear | None:
+        """The layer of a compressed-tensors W8A8 checkpoint (int8 weights per channel, int8 activations per token at
+        run time, as `llm-compressor` writes them) still compressed, or None where its scheme is another."""
+        scheme = getattr(linear, "quantization_scheme", None)
+        weight, scale = getattr(linear, "weight", None), getattr(linear, "weight_scale", None)
+        if scheme is None or weight is None or scale is None or weight.dtype != torch.int8:
+            return None
+        weights, inputs = scheme.weights, scheme.input_activations
+        if weights is None or inputs is None or scheme.output_activations is not None:
+            return None
+        int8 = all(a.type == "int" and a.num_bits == 8 and a.symmetric for a in (weights, inputs))
+        if not (int8 and weights.strategy == "channel" and inputs.strategy == "token" and inputs.dynamic):
+            return None
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(weight.detach(), scale.detach().reshape(-1), bias, dtype)
+
     @property
     def weight(self) -> torch.Tensor:
         """The int8 weight (out x in), for code that inspects a layer's weight shape or device."""
@@ -54,8 +71,9 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
-        x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
-        x_int8 = torch.round(rows / x_scale).to(torch.int8)
+        # As compressed-tensors (llm-compressor's W8A8) has it: the row's extreme over 127.5, rounded into [-128, 127].
+        x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.5
+        x_int8 = torch.round(rows / x_scale).clamp(-128, 127).to(torch.int8)
         y = torch._int_mm(x_int8, self.weight_t).float() * x_scale * self.weight_scale
         if self.bias is not None:
             y = y + self.bias
@@ -95,3 +113,22 @@ def quantize_linear_layers(model: torch.nn.Module) -> int:
         for name in names:
             model.set_submodule(name, Int8Linear.from_linear(cast(torch.nn.Linear, model.get_submodule(name))))
     return len(names)
+
+
+def use_int8_for_compressed_tensors(model: torch.nn.Module) -> int:
+    """Swaps the W8A8 layers of a compressed-tensors model, as loaded (still compressed), for `Int8Linear`:
+    transformers would otherwise decompress them to float at the first forward and compute in float, rounding
+    activations to int8 values on the way (slower than float32 alone). Returns how many were swapped."""
+    if not int8_matmul_works():
+        return 0
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear) and (layer := Int8Linear.from_compressed_tensors(module, dtype)):
+            model.set_submodule(name, layer)
+            swapped += 1
+    left = any(getattr(module, "quantization_scheme", None) is not None for module in model.modules())
+    hook = getattr(model, "ct_decompress_hook", None)
+    if swapped and not left and hook is not None:  # nothing left for it to decompress
+        hook.remove()
+    return swapped

@@ -195,11 +195,11 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         raise ValueError("--quantization does not apply to a GGUF file (transformers dequantizes it as it loads)")
     plan = plan_quantization(config, settings.quantization, device)
     quantization = plan.served
-    if plan.config is not None or (quantization != "none" and plan.after_load is None):
+    if quantization != "none":
         # A quantizer places the weights it makes as it loads them (some cannot be moved after).
         placement.setdefault("device_map", {"": device})
-        if plan.config is not None:
-            placement["quantization_config"] = plan.config
+    if plan.config is not None:
+        placement["quantization_config"] = plan.config
     try:
         model = spec.model_class.from_pretrained(
             settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
@@ -215,7 +215,7 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     model.eval()
     phases.done("weights")
     if plan.after_load is not None:
-        logger.info("quantized %d linear layers (%s)", plan.after_load(model), quantization)
+        logger.info("%d linear layers swapped for int8 ones (%s)", plan.after_load(model), quantization)
         phases.done("quantizing")
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
         # Plain float linear layers only: quantized ones keep their own kernels.

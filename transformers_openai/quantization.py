@@ -205,6 +205,10 @@ def plan_quantization(config: Any, choice: QuantizationChoice, device: torch.dev
             check_requirement(f"this {name} checkpoint", requirement, device)
         if existing.get("quant_method") == "fp8" and device.type != "cuda":
             name = "fp8-dequantized"
+        if name == "compressed-tensors-int-quantized" and device.type == "cpu":  # W8A8: true int8 products
+            from transformers_openai.int8_linear import use_int8_for_compressed_tensors
+
+            return QuantizationPlan(name, after_load=use_int8_for_compressed_tensors)
         return QuantizationPlan(name)
     if choice == "none":
         return QuantizationPlan("none")

@@ -39,6 +39,7 @@ class Quantized:
     # another summation order) can round one activation a quantization step the other way, so a greedy path may
     # leave the reference's, where two tokens nearly tie.
     quantized_activations: bool = False
+    int8_layers: int = 0  # linear layers the server computes with in int8 (our own layers)
 
 
 @pytest.fixture(scope="session")
@@ -57,13 +58,14 @@ def _format(name: str, tiny_llama_dir: Path, root: Path) -> Quantized:
         scheme = name.split()[1]
         made = build_compressed_tensors(tiny_llama_dir, root / f"ct-{scheme}", scheme)
         served = {"W8A8": "compressed-tensors-int-quantized", "W4A16": "compressed-tensors-pack-quantized"}[scheme]
-        return Quantized(served, made, made, quantized_activations=scheme == "W8A8")
+        w8a8 = scheme == "W8A8"
+        return Quantized(served, made, made, quantized_activations=w8a8, int8_layers=14 if w8a8 else 0)
     if name == "gptq 4-bit checkpoint":
         made = build_gptq(tiny_llama_dir, root / "gptq-4bit")
         return Quantized("gptq-4bit", made, made)
     if name == "--quantization int8-dynamic":
         return Quantized(
-            "int8-dynamic", tiny_llama_dir, tiny_llama_dir, ("--quantization", "int8-dynamic"), True, True
+            "int8-dynamic", tiny_llama_dir, tiny_llama_dir, ("--quantization", "int8-dynamic"), True, True, 14
         )
     raise AssertionError(name)
 
@@ -153,6 +155,8 @@ def test_the_quantization_is_named_in_models_and_metrics(quantized: tuple[Quanti
     card = httpx.get(f"{server.base_url}/models", timeout=10).json()["data"][0]
     assert card["quantization"] == case.served
     assert f'quantization="{case.served}"' in metric_line(server, "model_info")
+    swapped = re.search(r"(\d+) linear layers swapped for int8 ones", server.log())
+    assert (int(swapped.group(1)) if swapped else 0) == case.int8_layers  # the tiny Llama's 2 x 7 projections
 
 
 def test_an_unquantized_model_says_none(tiny_server: ServerProcess) -> None:

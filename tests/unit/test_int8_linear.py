@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from pathlib import Path
 
-from transformers_openai.int8_linear import Int8Linear, quantize_linear_layers, quantize_per_channel
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from tests.quantized_models import build_compressed_tensors
+from transformers_openai.int8_linear import (
+    Int8Linear,
+    quantize_linear_layers,
+    quantize_per_channel,
+    use_int8_for_compressed_tensors,
+)
 
 
 def test_per_channel_values_and_scales_rebuild_the_weight() -> None:
@@ -52,3 +60,18 @@ def test_every_linear_but_the_output_layer_is_swapped() -> None:
     assert type(model.lm_head) is torch.nn.Linear
     assert isinstance(model.model.layers[0].mlp.down_proj, Int8Linear)
     assert torch.allclose(got, expected, atol=0.05 * float(expected.abs().max()))
+
+
+def test_a_compressed_tensors_w8a8_model_computes_in_int8_as_its_own_layers_do(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    made = build_compressed_tensors(tiny_llama_dir, tmp_path / "w8a8", "W8A8")
+    own = AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval()  # compressed-tensors' float forward
+    ours = AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval()
+    assert use_int8_for_compressed_tensors(ours) == 2 * 7
+    assert not hasattr(ours.model.layers[0].mlp.up_proj, "quantization_scheme")
+    ids = torch.randint(0, 1000, (3, 11), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        expected, got = own(ids).logits, ours(ids).logits
+    assert isinstance(ours.model.layers[1].self_attn.o_proj, Int8Linear)  # the decompression hook did not undo it
+    assert torch.allclose(got, expected, atol=1e-3 * float(expected.abs().max()))
