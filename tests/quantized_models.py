@@ -104,7 +104,8 @@ def build_gptq(source: Path, dest: Path, bits: int = 4, group_size: int = 32) ->
     shutil.rmtree(tmp, ignore_errors=True)
     # Its CPU worker pool wants two workers even on a machine whose default gives it one.
     env = {**os.environ, "GPTQMODEL_CPU_WORKERS": "2"}
-    command = [sys.executable, __file__, "gptq", str(source.resolve()), str(tmp.resolve()), str(bits), str(group_size)]
+    here, source, tmp = Path(__file__).resolve(), source.resolve(), tmp.resolve()
+    command = [sys.executable, str(here), "gptq", str(source), str(tmp), str(bits), str(group_size)]
     # From the folder it writes to: GPTQModel leaves logs in ./logs.
     subprocess.run(command, check=True, env=env, timeout=900, cwd=dest.parent)
     tmp.rename(dest)
