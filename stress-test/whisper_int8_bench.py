@@ -167,6 +167,15 @@ def run_server(args: argparse.Namespace, target: str, orders: dict[int, list[str
 # ----------------------------------------------------------------------------- report
 
 
+def code_state() -> dict[str, Any]:
+    """The commit served, and the server's files that differ from it (another checkout may be mid-edit)."""
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "changed": git("status", "--short", "transformers_openai")}
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| target | c=1 audio s/s | c=16 audio s/s | c=16 / c=1 | long-form WER |",
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from loadclient import load_clips
     from loadserver import machine_info
 
-    load_start = os.getloadavg()
+    load_start, code_at_start = os.getloadavg(), code_state()
     names = [*SHORT_CLIPS, LONG_CLIP]
     args.clips = [clip for clip in load_clips(args.audio_dir) if clip.name in names]
     seconds = {clip.name: clip.seconds for clip in args.clips}
@@ -257,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "orders": orders,
         "threads": args.threads,
         "rounds": args.rounds,
+        "code_at_start": code_at_start,
+        "code_at_end": code_state(),
         "machine": machine_info(True, args.threads),
         "load_average_at_start": [round(x, 2) for x in load_start],
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
