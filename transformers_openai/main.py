@@ -19,7 +19,7 @@ from transformers_openai.api.http_protocol import ConnectionLimits, GuardedH11Pr
 from transformers_openai.api.state import AppState
 from transformers_openai.logs import setup_logging
 from transformers_openai.metrics import Metrics
-from transformers_openai.model_loader import load_serving_context
+from transformers_openai.serving.context import ServingContext
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,15 @@ def run(settings: Settings) -> int:
         os.kill(os.getpid(), signal.SIGINT)  # let uvicorn shut down cleanly, then exit non-zero
 
     metrics = Metrics(settings.model_name, compat=settings.metrics_compat)
-    app = create_app(settings, lambda: load_serving_context(settings, metrics), on_load_failure, metrics)
+    def load() -> ServingContext:
+        # Imported here, in the loading thread: transformers' model classes import every quantization library
+        # installed (torchao asks CUDA about itself as it is imported), which `--help` and importing this module
+        # need not pay for.
+        from transformers_openai.model_loader import load_serving_context
+
+        return load_serving_context(settings, metrics)
+
+    app = create_app(settings, load, on_load_failure, metrics)
     limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
