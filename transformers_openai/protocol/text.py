@@ -151,6 +151,28 @@ _NULL_MEANS_DEFAULT = frozenset(
 )
 
 
+# SGLang's and vLLM's fields that vLLM's router (vllm-router, forked from SGLang's) writes into every request it
+# forwards, at the defaults below. Each is accepted at the values this server honours; any other is a 400 naming it.
+_ROUTER_FIELDS: dict[str, tuple[tuple[bool, ...], str]] = {
+    "no_stop_trim": ((False,), "a matched stop string is always trimmed from the text"),
+    "return_hidden_states": ((False,), "hidden states are not returned"),
+    # This server separates no reasoning from the content (it has no reasoning parser, like SGLang without
+    # --reasoning-parser): any reasoning is streamed in the content as it comes, and cannot be left out.
+    "separate_reasoning": ((True, False), ""),
+    "stream_reasoning": ((True,), "reasoning is not separated from the content, so it is streamed with it"),
+    "include_reasoning": ((True,), "reasoning is not separated from the content, so it cannot be left out"),
+}
+
+
+def _router_field(value: bool, info: ValidationInfo) -> bool:
+    """A field validator: the value, if this server honours it; a 400 naming the field otherwise."""
+    name = info.field_name or ""
+    accepted, reason = _ROUTER_FIELDS[name]
+    if value not in accepted:
+        raise ValueError(f"'{name}': {str(value).lower()} is not supported: {reason}")
+    return value
+
+
 class _SamplingRequest(Strict):
     """Fields shared by chat and completions, including vLLM's extensions."""
 
@@ -179,6 +201,9 @@ class _SamplingRequest(Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
+    # SGLang's, sent by vllm-router (_ROUTER_FIELDS)
+    no_stop_trim: bool = False
+    return_hidden_states: bool = False
     # vLLM's extension: score the prompt, with this many alternatives per token (not with stream).
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     user: Text | None = None
@@ -186,6 +211,8 @@ class _SamplingRequest(Strict):
     store: bool | None = None
     metadata: dict[Text, Text] | None = None
     service_tier: Text | None = None
+
+    _router_fields = field_validator("no_stop_trim", "return_hidden_states")(_router_field)
 
     @field_validator("stop")
     @classmethod
@@ -299,6 +326,13 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's: end the prompt with the assistant's header (the default), or continue the last (assistant) message
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # vLLM's and SGLang's, sent by vllm-router (_ROUTER_FIELDS)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    include_reasoning: bool = True
     # Known OpenAI fields this server does not implement: a 400 naming them when used.
     functions: list[Any] | None = None
     function_call: Any = None
@@ -311,6 +345,14 @@ class ChatCompletionRequest(_SamplingRequest):
     _unsupported = field_validator(
         "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"
     )(_reject_unsupported)
+    _chat_router_fields = field_validator("separate_reasoning", "stream_reasoning", "include_reasoning")(_router_field)
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("add_generation_prompt", True):
+            raise ValueError("'continue_final_message' needs 'add_generation_prompt': false")
+        return value
 
     @field_validator("tools")
     @classmethod

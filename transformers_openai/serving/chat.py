@@ -44,7 +44,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         if self.ctx.encoder_decoder and not tokenizer.has_chat_template and not request.offered_tools():
             # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
             return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
-        return [Prompt(await tokenizer.encode_chat(messages, self.tools.template_tools(request.offered_tools())))]
+        tools = self.tools.template_tools(request.offered_tools())
+        ending = (request.add_generation_prompt, request.continue_final_message)
+        return [Prompt(await tokenizer.encode_chat(messages, tools, *ending))]
 
     def answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
         forced = self.tools.forced_grammar(request)

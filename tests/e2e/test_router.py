@@ -1,0 +1,196 @@
+"""Two replicas of the tiny model behind vLLM's own router (`vllm-router` from PyPI, a Rust binary): it checks them
+with GET /health, reads GET /get_load, and re-serializes each body with its own fields added (`no_stop_trim`,
+`separate_reasoning`, ...), which the replicas accept. 100 concurrent requests through it (chat and completions,
+streaming and not) all succeed, in the right shape, spread over both replicas, each received exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.server import ServerProcess, free_port, start_server, wait_for
+
+ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        ROUTER is None, reason="vllm-router is not installed (scripts/env.sh installs it pinned with EXTRAS=test)"
+    ),
+]
+
+NAMES = ("replica-a", "replica-b")
+REQUESTS = 100
+MAX_TOKENS = 8
+KINDS = ("chat", "chat-stream", "completion", "completion-stream")
+ENDPOINTS = ("chat_completions", "completions")
+
+
+@dataclass
+class Router:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny_llama_dir: Path, server_logs: Path) -> Iterator[dict[str, ServerProcess]]:
+    started: dict[str, ServerProcess] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            started[name] = start_server(
+                tiny_llama_dir, server_logs, "--replica-id", name, "--max-batch-size", "16", "--max-queue", "128"
+            )
+        except BaseException as exc:  # reported below, once both starts are over
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start, args=(name,)) for name in NAMES]
+    for starter in starters:
+        starter.start()
+    for starter in starters:
+        starter.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield started
+    finally:
+        for replica in started.values():
+            replica.stop()
+
+
+@contextlib.contextmanager
+def router(replicas: dict[str, ServerProcess], policy: str, log_dir: Path) -> Iterator[Router]:
+    port = free_port()
+    log_path = log_dir / f"vllm-router-{port}.log"
+    assert ROUTER is not None
+    command = [
+        ROUTER, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+        "--worker-urls", *(replica.root_url for replica in replicas.values()),
+        # Its Prometheus endpoint defaults to port 29000, which another test run may hold.
+        "--prometheus-port", str(free_port()),
+        "--worker-startup-check-interval", "1", "--health-check-interval-secs", "1",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    running = Router(process, port, log_path)
+
+    def both_healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"vllm-router exited with {process.returncode}:\n{log_path.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            readiness = httpx.get(f"http://127.0.0.1:{port}/readiness", timeout=2)
+            return readiness.status_code == 200 and readiness.json().get("healthy_workers") == len(replicas)
+        return False
+
+    try:
+        if not wait_for(both_healthy, 60):
+            raise RuntimeError(f"vllm-router did not see both replicas healthy:\n{log_path.read_text()}")
+        yield running
+    finally:
+        running.stop()
+
+
+def received(replica: ServerProcess) -> int:
+    """Chat and completion requests the replica has received (its `requests_total` counter)."""
+    text = httpx.get(f"{replica.root_url}/metrics", timeout=10).text
+    return int(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "transformers_openai:requests_total" and sample.labels.get("endpoint") in ENDPOINTS
+        )
+    )
+
+
+async def send(client: AsyncOpenAI, n: int) -> str:
+    """Request `n` through the router, of kind KINDS[n % 4]; checks the answer's shape; the replica that answered."""
+    kind = KINDS[n % len(KINDS)]
+    stream = kind.endswith("stream")
+    # Prompts differ from their first word, so that a cache-aware router has no shared prefix to follow.
+    text = f"{n} little pigs went to market"
+    extra = {"ignore_eos": True}  # every answer runs to max_tokens: its length is known
+    usage = {"stream_options": {"include_usage": True}} if stream else {}
+    if kind.startswith("chat"):
+        messages = [{"role": "user", "content": text}]
+        raw = await client.chat.completions.with_raw_response.create(
+            model="test-model", messages=messages, max_tokens=MAX_TOKENS, stream=stream, extra_body=extra, **usage
+        )
+    else:
+        raw = await client.completions.with_raw_response.create(
+            model="test-model", prompt=text, max_tokens=MAX_TOKENS, stream=stream, extra_body=extra, **usage
+        )
+    answer = raw.parse()
+    if not stream:
+        assert answer.object == ("chat.completion" if kind == "chat" else "text_completion")
+        [choice] = answer.choices
+        if kind == "chat":
+            assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+        else:
+            assert isinstance(choice.text, str)
+        assert choice.finish_reason == "length"
+        assert answer.usage is not None and answer.usage.completion_tokens == MAX_TOKENS
+    else:
+        chunks = [chunk async for chunk in answer]
+        with_choices = [chunk for chunk in chunks if chunk.choices]
+        finish = [chunk.choices[0].finish_reason for chunk in with_choices if chunk.choices[0].finish_reason]
+        assert finish == ["length"], kind
+        if kind == "chat-stream":
+            assert with_choices[0].choices[0].delta.role == "assistant"
+            assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+        else:
+            assert all(chunk.object == "text_completion" for chunk in chunks)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == MAX_TOKENS
+    return str(raw.headers["x-replica-id"])
+
+
+async def send_all(base_url: str) -> list[str | BaseException]:
+    # No retries in the client: a request the router loses is an error here.
+    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300) as client:
+        return await asyncio.gather(*(send(client, n) for n in range(REQUESTS)), return_exceptions=True)
+
+
+@pytest.mark.parametrize("policy", ["power_of_two", "cache_aware"])
+def test_100_requests_through_vllm_router_none_lost(
+    replicas: dict[str, ServerProcess], server_logs: Path, policy: str
+) -> None:
+    with router(replicas, policy, server_logs) as running:
+        before = {name: received(replica) for name, replica in replicas.items()}
+        results = asyncio.run(send_all(running.base_url))
+        after = {name: received(replica) for name, replica in replicas.items()}
+    failed = [result for result in results if isinstance(result, BaseException)]
+    served = Counter(result for result in results if isinstance(result, str))
+    counted = {name: after[name] - before[name] for name in NAMES}
+    succeeded = len(results) - len(failed)
+    print(f"\nvllm-router --policy {policy}: {succeeded} of {REQUESTS} succeeded; per replica {dict(served)}")
+    assert not failed, [repr(error) for error in failed[:5]]
+    assert set(served) == set(NAMES), f"one replica served everything: {served}"
+    # Each replica received exactly the requests it answered: none lost, none sent twice.
+    assert counted == dict(served), (counted, served)
