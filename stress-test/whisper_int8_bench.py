@@ -17,9 +17,11 @@ streamed uploads by `compare.closed_loop`. faster-whisper (CTranslate2, `compute
 
 Its concurrency comes from `--fw-variant`s, each a target of its own: `threads:W` (W client threads calling
 `model.transcribe`, `num_workers=W` model replicas) or `batched:W` (the same threads over
-`BatchedInferencePipeline`, batch_size 16, which batches the VAD chunks of one file, not across requests).
+`BatchedInferencePipeline`, batch_size 16: it batches the VAD chunks of one file, not across requests, and its
+long-form has no seek or prompt carry-over and no timestamps, unlike ours and `model.transcribe`).
 
-    OMP_NUM_THREADS=2 .venv/bin/python stress-test/whisper_int8_bench.py --threads 2 --rounds 3
+    OMP_NUM_THREADS=2 .venv/bin/python stress-test/whisper_int8_bench.py --threads 2 --rounds 3 \
+        --fw-variant threads:16 --fw-variant batched:16
 """
 
 from __future__ import annotations
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     from loadclient import load_clips
     from loadserver import machine_info
 
-    load_start, code_at_start = os.getloadavg(), code_state()
+    load_start, code_at_start, machine = os.getloadavg(), code_state(), machine_info(True, args.threads)
     names = [*SHORT_CLIPS, LONG_CLIP]
     args.clips = [clip for clip in load_clips(args.audio_dir) if clip.name in names]
     seconds = {clip.name: clip.seconds for clip in args.clips}
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "code_at_start": code_at_start,
         "code_at_end": code_state(),
-        "machine": machine_info(True, args.threads),
+        "machine": machine,
         "load_average_at_start": [round(x, 2) for x in load_start],
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "summary": summary,

@@ -74,7 +74,7 @@ class Int8Linear(torch.nn.Module):
         # As compressed-tensors (llm-compressor's W8A8) has it: the row's extreme over 127.5, rounded into [-128, 127].
         x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.5
         x_int8 = torch.round(rows / x_scale).clamp(-128, 127).to(torch.int8)
-        y = torch._int_mm(x_int8, self.weight_t).float() * x_scale * self.weight_scale
+        y = torch.mul(torch._int_mm(x_int8, self.weight_t), x_scale).mul_(self.weight_scale)  # two passes, not three
         if self.bias is not None:
             y = y + self.bias
         return y.to(self.dtype).view(*x.shape[:-1], self.out_features)
@@ -98,16 +98,25 @@ def int8_matmul_works() -> bool:
 
 
 def quantize_linear_layers(model: torch.nn.Module) -> int:
-    """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision)
-    for an `Int8Linear`; returns how many. Raises where this torch build cannot multiply int8 matrices."""
+    """Swaps every plain float `nn.Linear` of a CPU model for an `Int8Linear`, but its output layer (the logits keep
+    full precision) and an audio encoder's; returns how many. Raises where this torch build cannot multiply int8
+    matrices.
+
+    The integer product pays where a call has few rows (a decode step reads every weight for a token or a few);
+    with thousands of rows, rounding the activations to int8 and scaling the int32 results back cost more than it
+    saves: Whisper's encoder, 1,500 frames a window, got 30% slower in int8 (`stress-test/whisper_int8_bench.py`'s
+    profile), so it stays float."""
     if not int8_matmul_works():
         raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
-    output_of = getattr(model, "get_output_embeddings", None)
-    output = output_of() if callable(output_of) else None
+    output_of, encoder_of = getattr(model, "get_output_embeddings", None), getattr(model, "get_encoder", None)
+    skipped = [output_of() if callable(output_of) else None]
+    if getattr(model, "main_input_name", None) == "input_features" and callable(encoder_of):  # audio in
+        skipped.append(encoder_of())
+    left_alone = {id(m) for root in skipped if isinstance(root, torch.nn.Module) for m in root.modules()}
     names = [
         name
         for name, module in model.named_modules()
-        if type(module) is torch.nn.Linear and module is not output and module.weight.is_floating_point()
+        if type(module) is torch.nn.Linear and id(module) not in left_alone and module.weight.is_floating_point()
     ]
     with torch.no_grad():
         for name in names:
