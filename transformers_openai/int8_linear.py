@@ -98,25 +98,22 @@ def int8_matmul_works() -> bool:
 
 
 def quantize_linear_layers(model: torch.nn.Module) -> int:
-    """Swaps every plain float `nn.Linear` of a CPU model for an `Int8Linear`, but its output layer (the logits keep
-    full precision) and an audio encoder's; returns how many. Raises where this torch build cannot multiply int8
-    matrices.
+    """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision) for
+    an `Int8Linear`; returns how many. Raises where this torch build cannot multiply int8 matrices.
 
-    The integer product pays where a call has few rows (a decode step reads every weight for a token or a few);
-    with thousands of rows, rounding the activations to int8 and scaling the int32 results back cost more than it
-    saves: Whisper's encoder, 1,500 frames a window, got 30% slower in int8 (`stress-test/whisper_int8_bench.py`'s
-    profile), so it stays float."""
+    Whisper's encoder included: alone, in process, it ran 30% slower in int8 (rounding 1,500 frames of activations
+    and scaling the products back cost more than the integer product saves), but the server at concurrency 16
+    transcribed 11% more audio a second with it in int8 (results then scaled back in three passes, now two) than
+    with it in float (interleaved in one run,
+    `stress-test/results/whisper-int8-encoder-float-vs-int8-cpu.json`)."""
     if not int8_matmul_works():
         raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
-    output_of, encoder_of = getattr(model, "get_output_embeddings", None), getattr(model, "get_encoder", None)
-    skipped = [output_of() if callable(output_of) else None]
-    if getattr(model, "main_input_name", None) == "input_features" and callable(encoder_of):  # audio in
-        skipped.append(encoder_of())
-    left_alone = {id(m) for root in skipped if isinstance(root, torch.nn.Module) for m in root.modules()}
+    output_of = getattr(model, "get_output_embeddings", None)
+    output = output_of() if callable(output_of) else None
     names = [
         name
         for name, module in model.named_modules()
-        if type(module) is torch.nn.Linear and id(module) not in left_alone and module.weight.is_floating_point()
+        if type(module) is torch.nn.Linear and module is not output and module.weight.is_floating_point()
     ]
     with torch.no_grad():
         for name in names:
