@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,33 @@ def start_server(
         time.sleep(0.3)
     server.stop()
     raise RuntimeError(f"server not healthy after {timeout_s}s:\n{server.log()}")
+
+
+@contextmanager
+def replicas_of(model: Path, log_dir: Path, names: Sequence[str], *args: str) -> Iterator[dict[str, ServerProcess]]:
+    """A server per name (its `--replica-id`), started side by side; all stopped on the way out, and all stopped if
+    one fails to start (the first failure raised once every start is over)."""
+    started: dict[str, ServerProcess] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            started[name] = start_server(model, log_dir, "--replica-id", name, *args)
+        except BaseException as exc:
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start, args=(name,)) for name in names]
+    for starter in starters:
+        starter.start()
+    for starter in starters:
+        starter.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield started
+    finally:
+        for replica in started.values():
+            replica.stop()
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import REPO, ServerProcess, free_port, start_server, wait_for
+from tests.e2e.server import REPO, ServerProcess, free_port, replicas_of, wait_for
 
 HAPROXY = shutil.which("haproxy") or (shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin"))
 pytestmark = [
@@ -104,33 +104,12 @@ def start_balancer(replicas: dict[str, ServerProcess], log_dir: Path, balance: s
 def cluster(
     model: Path, log_dir: Path, balance: str = "leastconn", checks: dict[str, str] = FAST_CHECKS
 ) -> Iterator[tuple[dict[str, ServerProcess], Balancer]]:
-    replicas: dict[str, ServerProcess] = {}
-    errors: list[BaseException] = []
-
-    def start(name: str) -> None:
-        try:
-            replicas[name] = start_server(
-                model, log_dir, "--replica-id", name, "--max-batch-size", "16", "--max-queue", "64"
-            )
-        except BaseException as exc:  # reported below, once both starts are over
-            errors.append(exc)
-
-    starters = [threading.Thread(target=start, args=(name,)) for name in NAMES]
-    for starter in starters:
-        starter.start()
-    for starter in starters:
-        starter.join()
-    balancer = None
-    try:
-        if errors:
-            raise errors[0]
+    with replicas_of(model, log_dir, NAMES, "--max-batch-size", "16", "--max-queue", "64") as replicas:
         balancer = start_balancer(replicas, log_dir, balance, checks)
-        yield replicas, balancer
-    finally:
-        if balancer is not None:
+        try:
+            yield replicas, balancer
+        finally:
             balancer.stop()
-        for replica in replicas.values():
-            replica.stop()
 
 
 # ----------------------------------------------------------------------------------------------------- clients

@@ -10,7 +10,6 @@ import contextlib
 import shutil
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.server import ServerProcess, free_port, start_server, wait_for
+from tests.e2e.server import ServerProcess, free_port, replicas_of, wait_for
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 pytestmark = [
@@ -60,29 +59,8 @@ class Router:
 
 @pytest.fixture(scope="module")
 def replicas(tiny_llama_dir: Path, server_logs: Path) -> Iterator[dict[str, ServerProcess]]:
-    started: dict[str, ServerProcess] = {}
-    errors: list[BaseException] = []
-
-    def start(name: str) -> None:
-        try:
-            started[name] = start_server(
-                tiny_llama_dir, server_logs, "--replica-id", name, "--max-batch-size", "16", "--max-queue", "128"
-            )
-        except BaseException as exc:  # reported below, once both starts are over
-            errors.append(exc)
-
-    starters = [threading.Thread(target=start, args=(name,)) for name in NAMES]
-    for starter in starters:
-        starter.start()
-    for starter in starters:
-        starter.join()
-    try:
-        if errors:
-            raise errors[0]
+    with replicas_of(tiny_llama_dir, server_logs, NAMES, "--max-batch-size", "16", "--max-queue", "128") as started:
         yield started
-    finally:
-        for replica in started.values():
-            replica.stop()
 
 
 @contextlib.contextmanager
