@@ -4,7 +4,8 @@ Pre-quantized checkpoints (GPTQ, AWQ, compressed-tensors, bitsandbytes, torchao,
 own quantizers from the `quantization_config` in `config.json`; this module only checks before the weights are read
 that the package and the device the format needs are there, so that a missing kernel is a clear start-up error, and
 names what is served for `/v1/models` and `/metrics`. An unquantized checkpoint can be quantized as it loads with
-`--quantization` (torchao's int8 configurations on any device; bitsandbytes and FP8 on CUDA).
+`--quantization`: int8 on any device (on a CPU through our own int8 layers, `int8_linear.py`; elsewhere torchao's),
+bitsandbytes and FP8 on CUDA.
 """
 
 from __future__ import annotations
