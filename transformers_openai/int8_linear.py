@@ -5,7 +5,7 @@ Each token's activations are scaled to int8 by their own absolute maximum, so a 
 other rows of its batch (greedy outputs under batching stay those of the request alone), and the product runs
 through `torch._int_mm`, oneDNN's integer matrix product (VNNI or AMX where the CPU has them). torchao's int8
 tensors compute the same in eager mode through more work per call: one 576 x 1,536 layer of SmolLM2, one thread,
-took 1.7-7.5x float32's time in torchao's int8 dynamic scheme (64 rows to 1), where these layers took 0.25-0.5x
+took 1.7-7.5x float32's time in torchao's int8 dynamic scheme (64 rows to 1), where these layers took 0.2-0.7x
 (measured by hand on the development CPU); their speed on a CPU comes only under `torch.compile`.
 """
 
