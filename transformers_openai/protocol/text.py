@@ -173,6 +173,14 @@ def _router_field(value: bool, info: ValidationInfo) -> bool:
     return value
 
 
+def one_prompt_ending(value: bool, info: ValidationInfo) -> bool:
+    """A field validator of `continue_final_message` (declared after `add_generation_prompt`): a prompt ends with
+    the assistant's header or continues the last message, not both."""
+    if value and info.data.get("add_generation_prompt", True):
+        raise ValueError("'continue_final_message' needs 'add_generation_prompt': false")
+    return value
+
+
 class _SamplingRequest(Strict):
     """Fields shared by chat and completions, including vLLM's extensions."""
 
@@ -347,12 +355,7 @@ class ChatCompletionRequest(_SamplingRequest):
     )(_reject_unsupported)
     _chat_router_fields = field_validator("separate_reasoning", "stream_reasoning", "include_reasoning")(_router_field)
 
-    @field_validator("continue_final_message")
-    @classmethod
-    def _one_ending(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("add_generation_prompt", True):
-            raise ValueError("'continue_final_message' needs 'add_generation_prompt': false")
-        return value
+    _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 
     @field_validator("tools")
     @classmethod

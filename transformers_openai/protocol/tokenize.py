@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from transformers_openai.protocol.base import Strict, Text
-from transformers_openai.protocol.text import ChatMessage, TokenId
+from transformers_openai.protocol.text import ChatMessage, TokenId, one_prompt_ending
 from transformers_openai.protocol.tools import Tool
 
 
@@ -30,11 +30,7 @@ class TokenizeChatRequest(Strict):
     continue_final_message: bool = False
     return_token_strs: bool = False
 
-    @model_validator(mode="after")
-    def _one_ending(self) -> TokenizeChatRequest:
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError("'continue_final_message' needs 'add_generation_prompt': false")
-        return self
+    _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 
 
 def _shape(body: Any) -> Literal["chat", "text"]:
