@@ -125,12 +125,7 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
 def _plain(weight: torch.Tensor | None, dtype: torch.dtype) -> bool:
     """A weight of plain float values in the model's dtype: not a quantized tensor subclass such as torchao's, nor
     missing (compressed-tensors keeps packed int4 weights under other names until the first forward)."""
-    return (
-        weight is not None
-        and type(weight) in (torch.nn.Parameter, torch.Tensor)
-        and type(weight.data) is torch.Tensor
-        and (weight.dtype == dtype)
-    )
+    return weight is not None and type(weight.data) is torch.Tensor and weight.dtype == dtype
 
 
 class FileMappedPages:
