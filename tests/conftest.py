@@ -28,6 +28,12 @@ def tiny_llama_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mqa_llama_dir() -> Path:
+    """The tiny Llama with one K/V head (multi-query attention): two tensor-parallel ranks cannot share it."""
+    return build_tiny_llama(cache_root() / "tiny-llama-mqa", kv_heads=1)
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     return export_smollm2(cache_root() / "smollm2-135m-instruct")
 

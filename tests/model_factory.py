@@ -41,8 +41,9 @@ def _script(name: str) -> Any:
     return module
 
 
-def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024) -> Path:
-    """A 2-layer random Llama using SmolLM2's tokenizer and chat template (real text in, random tokens out)."""
+def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024, kv_heads: int = 2) -> Path:
+    """A 2-layer random Llama using SmolLM2's tokenizer and chat template (real text in, random tokens out), with 4
+    attention heads sharing `kv_heads` K/V heads."""
     if (dest / "config.json").exists():
         return dest
     import torch
@@ -55,7 +56,7 @@ def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024) -> Pa
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

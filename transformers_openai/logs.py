@@ -73,6 +73,13 @@ class Enqueue(QueueHandler):
             self.listener.stop()
 
 
+def flush_logs() -> None:
+    """Writes every queued record now: before `os._exit`, which skips the exit hooks that would."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, Enqueue):
+            handler.stop()
+
+
 def setup_logging(level: str, fmt: str) -> dict[str, Any]:
     """Configures the root logger and returns a uvicorn `log_config` that routes uvicorn's loggers through it."""
     handler = logging.StreamHandler(sys.stderr)

@@ -8,7 +8,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from pydantic_settings import CliApp
@@ -22,10 +24,14 @@ from transformers_openai.metrics import Metrics
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.settings import Settings
 
+if TYPE_CHECKING:
+    from transformers_openai.parallel.leader import Leader
+
 logger = logging.getLogger(__name__)
 
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
+RANKS_EXIT_S = 30.0  # how long the other tensor-parallel ranks get to exit once told to
 
 
 class DrainingServer(uvicorn.Server):
@@ -72,8 +78,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True  # uvicorn waits for their responses (error events, [DONE]) to go out
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, argv: Sequence[str] = ()) -> int:
+    """Serves until a signal ends it; returns the exit code. `argv`: the command's arguments, which the other ranks
+    of a tensor-parallel server get too."""
+    leader: Leader | None = None
+    if settings.tensor_parallel_size > 1:
+        # Imported only here: they import torch.distributed and transformers, which a plain server loads later.
+        from transformers_openai.parallel.follower import run_follower
+        from transformers_openai.parallel.leader import Leader
+
+        if int(os.environ.get("RANK", "0")) != 0:
+            return run_follower(settings)
     log_config = setup_logging(settings.log_level, settings.log_format)
+    if settings.tensor_parallel_size > 1:
+        leader = Leader.start(settings.tensor_parallel_size, argv)
     failed = False
 
     def on_load_failure() -> None:
@@ -88,7 +106,7 @@ def run(settings: Settings) -> int:
         # need not pay for.
         from transformers_openai.model_loader import load_serving_context
 
-        return load_serving_context(settings, metrics)
+        return load_serving_context(settings, metrics, leader)
 
     app = create_app(settings, load, on_load_failure, metrics)
     limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
@@ -101,12 +119,14 @@ def run(settings: Settings) -> int:
     AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
     server = DrainingServer(config, app.state.serving, settings.shutdown_timeout)
     server.run()
-    return 1 if failed or server.forced else 0
+    ranks_clean = leader.close(RANKS_EXIT_S) if leader is not None else True
+    return 1 if failed or server.forced or not ranks_clean else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = CliApp.run(Settings, cli_args=sys.argv[1:] if argv is None else argv)
-    return run(settings)
+    args = sys.argv[1:] if argv is None else argv
+    settings = CliApp.run(Settings, cli_args=args)
+    return run(settings, args)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from transformers import (
     PreTrainedModel,
     WhisperForConditionalGeneration,
 )
+from transformers.distributed.configuration_utils import DistributedConfig
 
 from transformers_openai.embedding_loader import (
     ENCODER_TYPES,
@@ -33,10 +34,14 @@ from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.packed_linear import pack_linear_layers
+from transformers_openai.parallel.checks import tensor_parallel_problem
+from transformers_openai.parallel.leader import Leader
+from transformers_openai.parallel.ranks import Ranks, join_ranks
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
+from transformers_openai.runners.paged_step import StepExecutor
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.audio import warm_up_decoder
@@ -174,8 +179,11 @@ class StartupPhases:
         return f"{self._last - self._start:.1f}s ({parts})"
 
 
-def load_serving_context(settings: Settings, observer: EngineObserver | None = None) -> ServingContext:
-    """Everything a served model needs, built from the settings (runs in a worker thread)."""
+def load_serving_context(
+    settings: Settings, observer: EngineObserver | None = None, leader: Leader | None = None
+) -> ServingContext:
+    """Everything a served model needs, built from the settings (runs in a worker thread); with `leader`, as rank 0
+    of a tensor-parallel group whose other ranks run `load_follower`."""
     phases = StartupPhases()
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -190,34 +198,9 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
     phases.done("config and tokenizer")
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
-    placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
-    if settings.gguf_file and settings.quantization != "none":
-        raise ValueError("--quantization does not apply to a GGUF file (transformers dequantizes it as it loads)")
-    plan = plan_quantization(config, settings.quantization, device)
-    quantization = plan.served
-    if quantization != "none":
-        # A quantizer places the weights it makes as it loads them (some cannot be moved after).
-        placement.setdefault("device_map", {"": device})
-    if plan.config is not None:
-        placement["quantization_config"] = plan.config
-    try:
-        model = spec.model_class.from_pretrained(
-            settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
-        )
-    except (ImportError, RuntimeError, ValueError, NotImplementedError) as exc:
-        if quantization == "none":
-            raise
-        raise RuntimeError(f"the {quantization} model cannot be loaded on {device}: {exc}") from exc
-    if settings.gguf_file:
-        quantization = "gguf-dequantized"
-    if "device_map" not in placement:  # otherwise accelerate or the quantizer has placed the layers already
-        model.to(device)
-    model.eval()
-    phases.done("weights")
-    if plan.after_load is not None:
-        logger.info("%d linear layers swapped for int8 ones (%s)", plan.after_load(model), quantization)
-        phases.done("quantizing")
-    if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map:
+    ranks = _join_ranks(settings, config, kind, leader)
+    model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
+    if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels.
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
         phases.done("packing")
@@ -233,8 +216,10 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         "loaded %s (%s) on %s as %s, quantization %s, context %d", settings.model, kind, device, dtype, quantization,
         max_len,
     )
-    kv_space = resolve_kv_space(settings.kv_cache_memory, settings.kv_block_size, model.device)
+    kv_space = _kv_space(settings, model.device, ranks)
     runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len, kv_space)
+    if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
+        runner.executor = leader.lead(runner.executor, ranks)
     if runner.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
@@ -291,6 +276,89 @@ def load_serving_context(settings: Settings, observer: EngineObserver | None = N
         max_stored_responses=settings.max_stored_responses,
         quantization=quantization,
     )
+
+
+def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
+    """A tensor-parallel rank other than 0: its shard of the model and of the K/V pool, sized as rank 0 sizes its own
+    (the same steps as `load_serving_context`, in the same order, so the ranks' collectives meet)."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    config = AutoConfig.from_pretrained(settings.model)
+    kind = detect_kind(config, settings.model_kind)
+    ranks = _join_ranks(settings, config, kind, None)
+    assert ranks is not None  # a follower runs only with --tensor-parallel-size > 1
+    device = resolve_device(settings.device)
+    model, _ = _load_model(
+        settings, config, AutoModelForCausalLM, device, resolve_dtype(settings.dtype, device), ranks, StartupPhases()
+    )
+    kv_space = _kv_space(settings, model.device, ranks)
+    runner = CausalLMRunner(model, settings.max_batch_size, _text_context(model, settings.max_model_len), kv_space)
+    return ranks, runner.executor
+
+
+def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str, leader: Leader | None) -> Ranks | None:
+    """With --tensor-parallel-size > 1: the model and settings checked, then this process joined to its ranks."""
+    size, quantization = settings.tensor_parallel_size, settings.quantization
+    problem = tensor_parallel_problem(config, kind, size, quantization, settings.gguf_file, settings.device_map)
+    if problem is not None:
+        raise ValueError(problem)
+    if size == 1:
+        return None
+    return leader.join() if leader is not None else join_ranks(size)
+
+
+def _load_model(
+    settings: Settings,
+    config: PretrainedConfig,
+    model_class: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    ranks: Ranks | None,
+    phases: StartupPhases,
+) -> tuple[PreTrainedModel, str]:
+    """The weights on `device` (this rank's shard of them with `ranks`), quantized as the settings ask; and the
+    quantization served."""
+    source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
+    placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
+    if settings.gguf_file and settings.quantization != "none":
+        raise ValueError("--quantization does not apply to a GGUF file (transformers dequantizes it as it loads)")
+    plan = plan_quantization(config, settings.quantization, device)
+    quantization = plan.served
+    if quantization != "none":
+        # A quantizer places the weights it makes as it loads them (some cannot be moved after).
+        placement.setdefault("device_map", {"": device})
+    if plan.config is not None:
+        placement["quantization_config"] = plan.config
+    if ranks is not None:  # transformers places each rank's shard on its device
+        placement["distributed_config"] = DistributedConfig(tp_size=ranks.size)
+    try:
+        model = model_class.from_pretrained(
+            settings.model, dtype=dtype, attn_implementation=settings.attn_implementation, **source, **placement
+        )
+    except (ImportError, RuntimeError, ValueError, NotImplementedError) as exc:
+        if quantization == "none":
+            raise
+        raise RuntimeError(f"the {quantization} model cannot be loaded on {device}: {exc}") from exc
+    if settings.gguf_file:
+        quantization = "gguf-dequantized"
+    if not placement.keys() & {"device_map", "distributed_config"}:  # otherwise already placed
+        model.to(device)
+    model.eval()
+    phases.done("weights")
+    if plan.after_load is not None:
+        logger.info("%d linear layers swapped for int8 ones (%s)", plan.after_load(model), quantization)
+        phases.done("quantizing")
+    return model, quantization
+
+
+def _kv_space(settings: Settings, device: torch.device, ranks: Ranks | None) -> KVSpace:
+    """The K/V budget; with tensor parallelism, each rank's for its shard, the same on every rank (their pools hold
+    the same blocks): the smallest rank's, and on a CPU, whose memory the ranks share, a share of it each."""
+    space = resolve_kv_space(settings.kv_cache_memory, settings.kv_block_size, device)
+    if ranks is None:
+        return space
+    budget = space.bytes // ranks.size if device.type == "cpu" else space.bytes
+    return replace(space, bytes=ranks.smallest(budget))
 
 
 def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any, observer: object) -> SpeechModel:

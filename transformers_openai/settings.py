@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Split the model over this many processes (one per GPU, or CPU processes), each holding a share "
+        "of every layer's weights and of the K/V cache: the server starts the other ranks itself (or run it under "
+        "torchrun --nproc-per-node N). Decoder-only models with a tensor-parallel plan in transformers; it must "
+        "divide their attention and K/V heads.",
+    )
     max_batch_size: int = Field(16, ge=1, le=1024, description="Most requests (rows) stepped together.")
     max_queue: int = Field(64, ge=0, description="Most requests waiting beyond the running batch; more get 429.")
     max_prefill_tokens: int = Field(

@@ -9,9 +9,9 @@ from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.block_pool import BlockTable
-from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.paged_attention import use_paged_attention
 from transformers_openai.runners.paged_rows import KVSpace, PagedRows
+from transformers_openai.runners.paged_step import PagedStep, StepExecutor
 from transformers_openai.runners.prefill_groups import length_groups
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
@@ -30,6 +30,9 @@ class CausalLMRunner(OneByOnePrefill):
     the model attends through `paged_attention` (rows in groups of similar lengths). Prompts that fit whole in
     their step share forwards in groups of similar lengths (identical prompts are computed once and their K/V
     copied); a prompt chunked over several steps, or one whose logprobs are scored, is prefilled alone.
+
+    The runner keeps the rows' block tables; `executor` runs the forwards and copies over the pool (with tensor
+    parallelism, on every rank).
     """
 
     logits_processors: Sequence[LogitsProcessor] = ()
@@ -41,8 +44,7 @@ class CausalLMRunner(OneByOnePrefill):
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
         grouped = use_paged_attention(model)
         self._rows = PagedRows(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
-        self._paged_kv = {"paged_kv": self._rows.cache} if grouped else {}
-        self._cache_keyword = cache_keyword(model)
+        self.executor: StepExecutor = PagedStep(model, self._rows.cache, grouped)
         self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
         self._free_slots = list(range(max_rows - 1, -1, -1))
 
@@ -124,7 +126,7 @@ class CausalLMRunner(OneByOnePrefill):
     def _copy_prompt(self, source: PrefillJob, target: PrefillJob) -> None:
         """An identical prompt computed once: `target` gets a copy of `source`'s K/V beyond its own cached prefix."""
         start, length = target.done, len(source.prompt_token_ids)
-        self._rows.copy_row(source.kv, target.kv, length, start)
+        self.executor.copy_slots(*self._rows.copy_slots(source.kv, target.kv, length, start))
         self._rows.pool.written(target.kv, target.prompt_token_ids[start:])
         target.done = length
 
@@ -148,22 +150,7 @@ class CausalLMRunner(OneByOnePrefill):
         self._step([(self._rows.tables[slot], [token]) for slot, token in last_tokens.items()], keep=1)
 
     def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
-        cache = self._rows.cache
-        plan = cache.plan([(table, len(tokens)) for table, tokens in rows])
-        padding = [0] * plan.queries  # rows right-aligned: a row with fewer new tokens is padded on the left
-        input_ids = torch.tensor([padding[len(tokens) :] + list(tokens) for _, tokens in rows], dtype=torch.long)
-        with cache.running(plan):
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                position_ids=plan.positions,
-                attention_mask=plan.mask,
-                use_cache=True,
-                logits_to_keep=keep,
-                **{self._cache_keyword: cache},
-                **self._paged_kv,
-            )
-        logits: torch.Tensor = out.logits
-        return logits
+        return self.executor.forward(rows, keep)
 
     def discard(self, job: PrefillJob) -> None:
         self._rows.discard(job)

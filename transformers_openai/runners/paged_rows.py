@@ -30,7 +30,7 @@ class KVSpace:
 
 def self_attention_geometry(model: PreTrainedModel) -> KVGeometry:
     """One token's decoder self-attention K/V: the layer count from the config, heads and head size from the first
-    attention module of the decoder (configs name them in too many ways)."""
+    attention module of the decoder (configs name them in too many ways); under tensor parallelism, this rank's."""
     config = model.config.get_text_config(decoder=True)
     layers = (
         getattr(config, "num_decoder_layers", None)
@@ -42,6 +42,9 @@ def self_attention_geometry(model: PreTrainedModel) -> KVGeometry:
         head_dim = getattr(module, "head_dim", None) or getattr(module, "key_value_proj_dim", None)
         keys = getattr(module, "k_proj", None) or getattr(module, "k", None)
         width = getattr(keys, "out_features", None)  # an nn.Linear, or its packed stand-in
+        shard = getattr(getattr(keys, "weight", None), "to_local", None)
+        if callable(shard):  # a tensor-parallel shard (DTensor): this rank's heads only
+            width = int(shard().shape[0])
         if isinstance(head_dim, int) and isinstance(keys, torch.nn.Module) and isinstance(width, int):
             return KVGeometry(int(layers), width // head_dim, head_dim, model.dtype)
     raise TypeError(f"no attention module with k_proj/k and head_dim found in {type(model).__name__}")
@@ -144,13 +147,13 @@ class PagedRows:
             prefix_hits=pool.prefix_hits,
         )
 
-    def copy_row(self, source: BlockTable, target: BlockTable, length: int, start: int = 0) -> None:
-        """Copies tokens `start..length` of `source`'s K/V into the same places of `target` (blocks reserved)."""
+    def copy_slots(
+        self, source: BlockTable, target: BlockTable, length: int, start: int = 0
+    ) -> tuple[list[int], list[int]]:
+        """The pool slots of tokens `start..length` in `source` and in `target` (blocks reserved): what copying
+        `source`'s K/V into the same places of `target` copies."""
         size = self.pool.block_size
-        positions = torch.arange(start, length)
-
-        def slots(table: BlockTable) -> torch.Tensor:
-            blocks = torch.tensor(table.blocks)
-            return (blocks[positions // size] * size + positions % size).to(self.cache.device)
-
-        self.cache.copy_slots(slots(source), slots(target))
+        return (
+            [source.slot(position, size) for position in range(start, length)],
+            [target.slot(position, size) for position in range(start, length)],
+        )

@@ -1,0 +1,95 @@
+"""Lockstep without processes: what rank 0's executor sends, replayed by a follower over its own pool, leaves that
+pool equal to rank 0's (prefills, chunks, identical prompts copied, decode steps, an abort, rows reused)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.request import EngineRequest
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.parallel.lockstep import CopySlots, Forward, LockstepExecutor, Stop, follow
+from transformers_openai.parallel.ranks import Ranks
+from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.paged_rows import KVSpace
+
+torch.set_num_threads(1)
+
+
+class Channel(Ranks):
+    """Rank 0's messages kept in order; the follower reads them back from the same list."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=0, size=2, control=None)
+        object.__setattr__(self, "messages", [])
+
+    def send(self, message: object) -> None:
+        self.messages.append(message)  # type: ignore[attr-defined]
+
+    def receive(self) -> object:
+        return self.messages.pop(0)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def zeroed_runner(model) -> CausalLMRunner:  # type: ignore[no-untyped-def]
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=256, kv=KVSpace(bytes=2**20, block_size=4))
+    for pool in (*runner._rows.cache._k, *runner._rows.cache._v):
+        pool.zero_()  # an `empty` pool: unwritten slots hold whatever was there
+    return runner
+
+
+def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    leader, follower = zeroed_runner(model), zeroed_runner(model)
+    channel = Channel()
+    leader.executor = LockstepExecutor(leader.executor, channel)
+    scheduler = Scheduler(max_running=4, max_waiting=16, max_prefill_tokens=24)  # longer prompts go in chunks
+    core = EngineCore(leader, tokenizer, scheduler, frozenset())
+    ids = tokenizer("a follower holds no rows, only its shard of the pool " * 4, add_special_tokens=False).input_ids
+    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0)
+    prompts = [ids[:5], ids[:5], ids[:40], ids[:9], ids[:17], ids[:3]]  # the first two identical: one is copied
+    for n, prompt in enumerate(prompts):
+        core.add(EngineRequest(f"r{n}", prompt, params))
+    steps = 0
+    while core.has_work():
+        core.step()
+        steps += 1
+        if steps == 3:
+            assert core.abort("r2") is not None  # mid-prefill or mid-decode: its blocks go back to the pool
+    leader.executor.stop()
+    kinds = {type(m) for m in channel.messages}
+    assert kinds == {Forward, CopySlots, Stop}
+    follow(follower.executor, channel)
+    assert channel.messages == []
+    for mine, theirs in zip(
+        (*leader._rows.cache._k, *leader._rows.cache._v),
+        (*follower._rows.cache._k, *follower._rows.cache._v),
+        strict=True,
+    ):
+        assert torch.equal(mine, theirs)
+    assert follower.rows_in_use() == 0 and follower._rows.pool.used == 0  # the follower never held a row
+    assert leader.rows_in_use() == 0 and leader._rows.pool.used == 0
+
+
+def test_a_failed_call_is_logged_and_the_follower_goes_on(model, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    follower = zeroed_runner(model)
+    channel = Channel()
+    channel.messages.extend(  # type: ignore[attr-defined]
+        [Forward([([10**9], 0, [1, 2])], keep=1), CopySlots([4], [8]), Stop(), Forward([([1], 0, [1])], keep=1)]
+    )
+    with caplog.at_level(logging.ERROR):
+        follow(follower.executor, channel)
+    assert "a call from rank 0 failed" in caplog.text
+    assert len(channel.messages) == 1  # it stopped at Stop, after the copy that followed the failure
+    cache = follower._rows.cache
+    assert torch.equal(cache._k[0][:, 8], cache._k[0][:, 4])

@@ -1,0 +1,34 @@
+"""A rank other than 0: loads its shard of the model and of the K/V pool, then runs rank 0's steps until told to
+stop. It serves no HTTP and keeps no request state."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from transformers_openai.logs import setup_logging
+from transformers_openai.parallel.lockstep import follow
+from transformers_openai.parallel.processes import exit_with_parent
+from transformers_openai.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def run_follower(settings: Settings) -> int:
+    setup_logging(settings.log_level, settings.log_format)
+    # Rank 0 decides when the ranks stop (after its drain); a signal to the whole process group must not cut the
+    # steps of the requests it is finishing.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    exit_with_parent()
+    from transformers_openai.model_loader import load_follower  # imports transformers' model classes
+
+    ranks, executor = load_follower(settings)
+    logger.info("rank %d of %d: ready", ranks.rank, ranks.size)
+    try:
+        follow(executor, ranks)
+    except RuntimeError as exc:  # what torch.distributed raises when a peer is gone
+        logger.error("rank %d: lost rank 0 (%s); exiting", ranks.rank, exc)
+        return 1
+    logger.info("rank %d: stopped", ranks.rank)
+    return 0
