@@ -198,7 +198,7 @@ def load_serving_context(
     phases.done("config and tokenizer")
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
-    ranks = _join_ranks(settings, config, kind, leader)
+    ranks = _join_ranks(settings, config, kind)
     model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels.
@@ -285,7 +285,7 @@ def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
         torch.set_num_threads(settings.torch_threads)
     config = AutoConfig.from_pretrained(settings.model)
     kind = detect_kind(config, settings.model_kind)
-    ranks = _join_ranks(settings, config, kind, None)
+    ranks = _join_ranks(settings, config, kind)
     assert ranks is not None  # a follower runs only with --tensor-parallel-size > 1
     device = resolve_device(settings.device)
     model, _ = _load_model(
@@ -296,7 +296,7 @@ def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
     return ranks, runner.executor
 
 
-def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str, leader: Leader | None) -> Ranks | None:
+def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str) -> Ranks | None:
     """With --tensor-parallel-size > 1: the model and settings checked, then this process joined to its ranks."""
     size, quantization = settings.tensor_parallel_size, settings.quantization
     problem = tensor_parallel_problem(config, kind, size, quantization, settings.gguf_file, settings.device_map)
@@ -304,7 +304,7 @@ def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str, leader:
         raise ValueError(problem)
     if size == 1:
         return None
-    return leader.join() if leader is not None else join_ranks(size)
+    return join_ranks(size)
 
 
 def _load_model(

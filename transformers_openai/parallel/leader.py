@@ -8,14 +8,15 @@ from collections.abc import Sequence
 
 from transformers_openai.parallel.lockstep import LockstepExecutor
 from transformers_openai.parallel.processes import RankProcesses
-from transformers_openai.parallel.ranks import Ranks, join_ranks
+from transformers_openai.parallel.ranks import Ranks
 from transformers_openai.runners.paged_step import StepExecutor
 
 logger = logging.getLogger(__name__)
 
 
 class Leader:
-    """Started in `main` before the server; the loader joins the ranks and leads them; `main` closes it last."""
+    """Started in `main` before the server; the loader, once the ranks joined, makes the runner lead them through
+    `lead`; `main` closes it last."""
 
     def __init__(self, size: int, processes: RankProcesses | None) -> None:
         self.size = size
@@ -26,9 +27,6 @@ class Leader:
     def start(cls, size: int, argv: Sequence[str]) -> Leader:
         """Under torchrun the other ranks exist already; otherwise this process starts them."""
         return cls(size, None if "RANK" in os.environ else RankProcesses.start(size, argv))
-
-    def join(self) -> Ranks:
-        return join_ranks(self.size)
 
     def lead(self, local: StepExecutor, ranks: Ranks) -> LockstepExecutor:
         """The executor the runner uses from now on: every call it runs runs on every rank."""
