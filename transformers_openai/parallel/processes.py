@@ -42,6 +42,8 @@ class RankProcesses:
     def start(cls, size: int, argv: Sequence[str]) -> RankProcesses:
         """Sets this process up as rank 0 of `size` and starts the others with the same arguments."""
         group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(size)}
+        if sys.platform == "linux" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            group["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks on this machine: gloo need not guess from the host name
         os.environ.update(group, RANK="0", LOCAL_RANK="0")
         children = [
             subprocess.Popen(
