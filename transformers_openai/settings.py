@@ -55,7 +55,8 @@ class Settings(BaseSettings):
         True,
         description="On a CPU, lay the linear layers' weights out once for oneDNN (float32, or bfloat16 where the "
         "CPU has it) instead of MKL repacking them every call: decode steps of a few rows get much faster; "
-        "results differ only by float rounding.",
+        "results differ only by float rounding. An output layer tied to the embeddings is packed as a copy (the "
+        "model grows by that table).",
     )
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
