@@ -3,7 +3,6 @@ pool equal to rank 0's (prefills, chunks, identical prompts copied, decode steps
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.parallel.lockstep import CopySlots, Forward, LockstepExecutor, Stop, follow
 from transformers_openai.parallel.ranks import Ranks
+from transformers_openai.runners.block_pool import BlockTable
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
 
@@ -81,15 +81,33 @@ def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: 
     assert leader.rows_in_use() == 0 and leader._rows.pool.used == 0
 
 
-def test_a_failed_call_is_logged_and_the_follower_goes_on(model, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0 would wait for it in the step's collectives: the follower raises (and exits) rather than going on."""
     follower = zeroed_runner(model)
     channel = Channel()
-    channel.messages.extend(  # type: ignore[attr-defined]
-        [Forward([([10**9], 0, [1, 2])], keep=1), CopySlots([4], [8]), Stop(), Forward([([1], 0, [1])], keep=1)]
-    )
-    with caplog.at_level(logging.ERROR):
+    channel.messages.extend([CopySlots([4], [8]), Forward([([10**9], 0, [1, 2])], keep=1), Stop()])  # type: ignore[attr-defined]
+    with pytest.raises(IndexError):
         follow(follower.executor, channel)
-    assert "a call from rank 0 failed" in caplog.text
-    assert len(channel.messages) == 1  # it stopped at Stop, after the copy that followed the failure
+    assert channel.messages == [Stop()]  # it did not go on to the next call
     cache = follower._rows.cache
-    assert torch.equal(cache._k[0][:, 8], cache._k[0][:, 4])
+    assert torch.equal(cache._k[0][:, 8], cache._k[0][:, 4])  # the call before the failure ran
+
+
+class OutOfStep(Exception):
+    pass
+
+
+def test_a_step_that_fails_on_rank_0_after_it_was_sent_ends_rank_0(model) -> None:  # type: ignore[no-untyped-def]
+    leader = zeroed_runner(model)
+    channel = Channel()
+    failures: list[BaseException] = []
+
+    def out_of_step(error: BaseException):  # type: ignore[no-untyped-def]
+        failures.append(error)
+        raise OutOfStep  # the real one exits the process
+
+    leader.executor = LockstepExecutor(leader.executor, channel, out_of_step)
+    with pytest.raises(OutOfStep):
+        leader.executor.forward([(BlockTable(None, [10**9], 0), [1, 2])], keep=1)
+    assert [type(m) for m in channel.messages] == [Forward]  # the others were told to run it
+    assert len(failures) == 1 and isinstance(failures[0], IndexError)

@@ -27,8 +27,8 @@ def run_follower(settings: Settings) -> int:
     logger.info("rank %d of %d: ready", ranks.rank, ranks.size)
     try:
         follow(executor, ranks)
-    except RuntimeError as exc:  # what torch.distributed raises when a peer is gone
-        logger.error("rank %d: lost rank 0 (%s); exiting", ranks.rank, exc)
+    except Exception:  # rank 0 gone (a broken connection), or a step that failed here: the others cannot go on
+        logger.exception("rank %d: exiting", ranks.rank)
         return 1
     logger.info("rank %d: stopped", ranks.rank)
     return 0

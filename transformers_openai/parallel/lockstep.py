@@ -4,16 +4,23 @@ Only rank 0 keeps rows: it schedules, holds the block tables and samples. The ot
 all, only their shards of the weights and of the K/V pool, indexed by the block tables each call carries. So a row
 freed on rank 0 (finished, cancelled, preempted) is free on every rank, and a rank's pool can never drift from
 rank 0's tables.
+
+A step that fails on one rank while the others run it leaves them waiting in a collective that will never complete:
+the rank it failed on exits instead (its peers follow, see `parallel/processes.py`). A tensor-parallel server gives
+up the isolation of a failing step for this: it never hangs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
+from transformers_openai.logs import flush_logs
 from transformers_openai.parallel.ranks import Ranks
 from transformers_openai.runners.block_pool import BlockTable
 from transformers_openai.runners.paged_step import StepExecutor, StepRows
@@ -38,20 +45,39 @@ class Stop:
     """The server is done: the rank exits."""
 
 
-class LockstepExecutor:
-    """Rank 0's executor: sends each call to the other ranks, then runs it on its own shard."""
+def leave(error: BaseException) -> NoReturn:
+    """Ends this rank at once: a step failed here while the other ranks ran it."""
+    logger.critical(
+        "a step failed on this rank while the other ranks ran it (%r): they are out of step; exiting", error
+    )
+    flush_logs()
+    os._exit(1)
 
-    def __init__(self, local: StepExecutor, ranks: Ranks) -> None:
+
+class LockstepExecutor:
+    """Rank 0's executor: sends each call to the other ranks, then runs it on its own shard (`out_of_step` is called
+    when that fails)."""
+
+    def __init__(
+        self, local: StepExecutor, ranks: Ranks, out_of_step: Callable[[BaseException], NoReturn] = leave
+    ) -> None:
         self._local = local
         self._ranks = ranks
+        self._out_of_step = out_of_step
 
     def forward(self, rows: StepRows, keep: int) -> torch.Tensor:
         self._ranks.send(Forward([(list(table.blocks), table.length, list(tokens)) for table, tokens in rows], keep))
-        return self._local.forward(rows, keep)
+        try:
+            return self._local.forward(rows, keep)
+        except Exception as exc:
+            self._out_of_step(exc)
 
     def copy_slots(self, source: Sequence[int], target: Sequence[int]) -> None:
         self._ranks.send(CopySlots(list(source), list(target)))
-        self._local.copy_slots(source, target)
+        try:
+            self._local.copy_slots(source, target)
+        except Exception as exc:
+            self._out_of_step(exc)
 
     def stop(self) -> None:
         """Tells the other ranks to exit (call it once no step can follow)."""
@@ -60,24 +86,15 @@ class LockstepExecutor:
 
 @torch.inference_mode()
 def follow(executor: StepExecutor, ranks: Ranks) -> None:
-    """A rank other than 0: runs rank 0's calls until it says stop.
-
-    A call that fails here fails on rank 0 too (same inputs, same shapes), where the engine handles it; this rank
-    logs it and waits for the next.
-    """
+    """A rank other than 0: runs rank 0's calls until it says stop. A call that fails here raises (the rank exits)."""
     while True:
         message = ranks.receive()
-        try:
-            if isinstance(message, Forward):
-                executor.forward(
-                    [(BlockTable(None, blocks, length), tokens) for blocks, length, tokens in message.rows],
-                    message.keep,
-                )
-            elif isinstance(message, CopySlots):
-                executor.copy_slots(message.source, message.target)
-            elif isinstance(message, Stop):
-                return
-            else:
-                raise TypeError(f"unknown call {type(message).__name__} from rank 0")
-        except Exception:
-            logger.exception("rank %d: a call from rank 0 failed", ranks.rank)
+        if isinstance(message, Forward):
+            rows = [(BlockTable(None, blocks, length), tokens) for blocks, length, tokens in message.rows]
+            executor.forward(rows, message.keep)
+        elif isinstance(message, CopySlots):
+            executor.copy_slots(message.source, message.target)
+        elif isinstance(message, Stop):
+            return
+        else:
+            raise TypeError(f"unknown call {type(message).__name__} from rank 0")
