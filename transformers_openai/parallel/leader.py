@@ -18,15 +18,14 @@ class Leader:
     """Started in `main` before the server; the loader, once the ranks joined, makes the runner lead them through
     `lead`; `main` closes it last."""
 
-    def __init__(self, size: int, processes: RankProcesses | None) -> None:
-        self.size = size
+    def __init__(self, processes: RankProcesses | None) -> None:
         self._processes = processes
         self._executor: LockstepExecutor | None = None
 
     @classmethod
     def start(cls, size: int, argv: Sequence[str]) -> Leader:
         """Under torchrun the other ranks exist already; otherwise this process starts them."""
-        return cls(size, None if "RANK" in os.environ else RankProcesses.start(size, argv))
+        return cls(None if "RANK" in os.environ else RankProcesses.start(size, argv))
 
     def lead(self, local: StepExecutor, ranks: Ranks) -> LockstepExecutor:
         """The executor the runner uses from now on: every call it runs runs on every rank."""

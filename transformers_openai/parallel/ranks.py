@@ -27,10 +27,6 @@ class Ranks:
     size: int
     control: Any  # a torch.distributed ProcessGroup (gloo)
 
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
-
     def send(self, message: object) -> None:
         """Rank 0: hands `message` to every other rank (each gets it from `receive`)."""
         dist.broadcast_object_list([message], src=0, group=self.control)

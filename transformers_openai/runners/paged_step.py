@@ -2,7 +2,7 @@
 
 The runner decides which rows a step runs and which blocks they hold (host bookkeeping); a `StepExecutor` turns
 that into the model's forward over the pool, or into a copy between pool slots. With tensor parallelism rank 0's
-executor first sends each call to the other ranks (`runners/lockstep.py`), whose own executors run it over their
+executor first sends each call to the other ranks (`parallel/lockstep.py`), whose own executors run it over their
 shards of the model and of the pool.
 """
 
