@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from transformers_openai.engine.intra_op_threads import in_passing_thread
 from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.completions import CompletionHandler
@@ -172,7 +173,7 @@ class AppState:
 
     async def _load(self, on_failure: Callable[[], None] | None) -> None:
         try:
-            context = await asyncio.to_thread(self._loader)
+            context = await in_passing_thread(self._loader)
             await context.engine.start()
         except Exception as exc:
             logger.exception("loading the model failed")

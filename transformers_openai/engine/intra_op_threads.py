@@ -1,30 +1,69 @@
-"""How many torch threads a step uses on a CPU: one for a step of a token or two, all of them for more."""
+"""The engine thread's torch threads on a CPU, and keeping its OpenMP team the only one of the process.
+
+OpenMP (libgomp, torch's CPU threading) keeps a team of worker threads for every thread that has run a parallel
+region, for as long as that thread lives. Once the teams of a process hold more threads than the machine has cores,
+every worker stops waiting for the next region by spinning and sleeps at once, so each parallel region pays a wake-up:
+on the 2-core machine a small elementwise op took 53 us instead of 5, and SmolLM2's decode step 51-60 ms instead of
+39-43, when the model had been loaded on a pooled thread that lived on beside the engine's
+(`stress-test/step_interference.py` measures the step beside such a thread). So the model is loaded on a thread that
+ends (`in_passing_thread`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
+
+T = TypeVar("T")
 
 
 class IntraOpThreads:
-    """Sets torch's intra-op threads before each step, by the tokens it computes.
+    """Gives the engine thread its torch threads, set on that thread by its first step (the setting is per thread).
 
-    A step of one or two rows gains nothing from a second thread (its matrices are too small to split), and over
-    HTTP that thread takes a core from the event loop and the engine's own Python: on the 2-core machine a single
-    stream got 25 tokens/s with two threads and 31 with one, while 16 streams kept their 250 with two. Call it on
-    the thread that runs the model: the setting is that thread's.
+    Every step uses all of them, a single decode row too: with the engine's team the only OpenMP team of the process,
+    SmolLM2 at one stream gave 23.9 tokens/s on two threads against 17.8 on one (2-core machine, over HTTP). Before,
+    beside a loader thread's team, one thread had been the faster for steps of a token or two.
 
     Args:
-        most: the threads a large step uses (--torch-threads, or torch's default).
-        small: steps of at most this many tokens use one thread.
+        most: the threads the steps use (--torch-threads, or torch's default).
     """
 
-    def __init__(self, most: int, small: int = 2) -> None:
+    def __init__(self, most: int) -> None:
         self.most = most
-        self.small = small
-        self._current = torch.get_num_threads()
+        self._set = False
 
     def fit(self, tokens: int) -> None:
-        want = 1 if tokens <= self.small else self.most
-        if want != self._current:
-            torch.set_num_threads(want)
-            self._current = want
+        """Called before each step of `tokens` tokens, on the thread that runs the model."""
+        if not self._set:
+            torch.set_num_threads(self.most)
+            self._set = True
+
+
+async def in_passing_thread(fn: Callable[[], T]) -> T:
+    """`fn()` on a thread of its own that ends when it returns, so no OpenMP team of its outlives it (a pooled
+    thread, as `asyncio.to_thread`'s, keeps its team for good)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(result: T | None, error: BaseException | None) -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            loop.call_soon_threadsafe(deliver, None, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, result, None)
+
+    threading.Thread(target=run, name="loader", daemon=True).start()
+    return await future
