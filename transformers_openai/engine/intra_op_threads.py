@@ -3,10 +3,11 @@
 OpenMP (libgomp, torch's CPU threading) keeps a team of worker threads for every thread that has run a parallel
 region, for as long as that thread lives. Once the teams of a process hold more threads than the machine has cores,
 every worker stops waiting for the next region by spinning and sleeps at once, so each parallel region pays a wake-up:
-on the 2-core machine a small elementwise op took 53 us instead of 5, and SmolLM2's decode step 51-60 ms instead of
-39-43, when the model had been loaded on a pooled thread that lived on beside the engine's
-(`stress-test/step_interference.py` measures the step beside such a thread). So the model is loaded on a thread that
-ends (`in_passing_thread`).
+on the 2-core machine a small elementwise op took 53 us instead of 5, and SmolLM2's batch-1 decode step 51-60 ms
+instead of 39-43, when the model had been loaded on a pooled thread that lived on beside the engine's
+(`stress-test/step_interference.py` sets up that condition). So the model is loaded on a thread that ends
+(`in_passing_thread`): over HTTP at one stream with two threads the server's decode step then took 31 ms where it had
+taken 47-50.
 """
 
 from __future__ import annotations
