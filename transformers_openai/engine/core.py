@@ -34,7 +34,7 @@ class EngineCore:
         threads: IntraOpThreads | None = None,
     ) -> None:
         self.runner = runner
-        self._threads = threads  # on a CPU: torch threads by the size of each step
+        self._threads = threads  # on a CPU: sets the engine thread's torch threads at its first step
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids

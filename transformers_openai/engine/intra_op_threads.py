@@ -13,6 +13,7 @@ taken 47-50.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -60,11 +61,11 @@ async def in_passing_thread(fn: Callable[[], T]) -> T:
 
     def run() -> None:
         try:
-            result = fn()
+            outcome: tuple[T | None, BaseException | None] = (fn(), None)
         except BaseException as exc:  # handed to the awaiting task
-            loop.call_soon_threadsafe(deliver, None, exc)
-        else:
-            loop.call_soon_threadsafe(deliver, result, None)
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shut down during the load): nobody waits
+            loop.call_soon_threadsafe(deliver, *outcome)
 
     threading.Thread(target=run, name="loader", daemon=True).start()
     return await future
