@@ -6,21 +6,24 @@ every worker stops waiting for the next region by spinning and sleeps at once, s
 on the 2-core machine a small elementwise op took 53 us instead of 5, and SmolLM2's batch-1 decode step 51-60 ms
 instead of 39-43, when the model had been loaded on a pooled thread that lived on beside the engine's
 (`stress-test/step_interference.py` sets up that condition). So the model is loaded on a thread that ends
-(`in_passing_thread`): over HTTP at one stream with two threads the server's decode step then took 31 ms where it had
-taken 47-50.
+(`in_passing_thread`) and torch work on other pooled threads (audio features, word alignment) runs on one torch
+thread, which needs no team (`one_torch_thread`). Over HTTP at one stream with two threads the server's decode step
+then took 31 ms where it had taken 47-50.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class IntraOpThreads:
@@ -41,6 +44,7 @@ class IntraOpThreads:
     def fit(self, tokens: int) -> None:
         """Called before each step of `tokens` tokens, on the thread that runs the model."""
         if not self._set:
+            torch.get_num_threads()  # torch's own first-use setting of this thread, done before ours, not after
             torch.set_num_threads(self.most)
             self._set = True
 
@@ -69,3 +73,15 @@ async def in_passing_thread(fn: Callable[[], T]) -> T:
 
     threading.Thread(target=run, name="loader", daemon=True).start()
     return await future
+
+
+def one_torch_thread(fn: Callable[P, T]) -> Callable[P, T]:
+    """`fn` run with one torch thread on the calling thread: for torch work on a pooled thread other than the
+    engine's, which would otherwise keep an OpenMP team beside the engine's for good."""
+
+    @functools.wraps(fn)
+    def on_one_thread(*args: P.args, **kwargs: P.kwargs) -> T:
+        torch.set_num_threads(1)
+        return fn(*args, **kwargs)
+
+    return on_one_thread

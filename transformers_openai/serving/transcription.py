@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel
 
+from transformers_openai.engine.intra_op_threads import one_torch_thread
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol.audio import (
@@ -89,7 +90,7 @@ class TranscriptionHandler:
         self.ctx.check_model(request.model)
         language = self._language(request)
         base_id = request_id or uuid.uuid4().hex
-        audio = await asyncio.to_thread(self._prepare, request)
+        audio = await asyncio.to_thread(one_torch_thread(self._prepare), request)
         prompt = await self._prompt(request)
         if language is None:
             language = await self._detect_language(audio, f"{base_id}-w0")
@@ -305,7 +306,7 @@ class TranscriptionHandler:
         window = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
         weights = await self.ctx.engine.call(lambda runner: runner.alignment_weights(window, forced))
         timed = await asyncio.to_thread(
-            word_timestamps,
+            one_torch_thread(word_timestamps),
             alignment_rows(weights, len(text)),
             num_frames=size // FRAMES_PER_POSITION,
             text_tokens=text,
