@@ -229,7 +229,7 @@ def load_serving_context(
     phases.done("K/V cache")
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     detokenizer = engine_decoder(tokenizer)
-    # On a CPU with several threads: set on the engine thread itself (engine/intra_op_threads.py).
+    # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None
     core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer, threads)

@@ -1,5 +1,5 @@
-"""The engine thread's first step sets its torch threads, whatever the thread had; a model loads on a thread that
-ends, and torch work on other pooled threads runs on one torch thread, so no OpenMP team stays beside the engine's."""
+"""The engine thread sets its torch threads when it starts, whatever a fresh thread takes up; a model loads on a thread
+that ends, and torch work on other pooled threads runs on one torch thread: no OpenMP team stays beside the engine's."""
 
 from __future__ import annotations
 
@@ -13,18 +13,23 @@ import torch
 from transformers_openai.engine.intra_op_threads import IntraOpThreads, in_passing_thread, one_torch_thread
 
 
-def test_the_first_step_sets_the_threads_and_later_ones_keep_them() -> None:
+def test_the_engine_thread_gets_its_threads_whatever_torch_gives_a_fresh_thread() -> None:
     before = torch.get_num_threads()
-    threads = IntraOpThreads(most=2)
+    seen: list[int] = []
+
+    def engine_thread() -> None:
+        IntraOpThreads(most=2).apply()
+        torch.ones(4).sum()
+        seen.append(torch.get_num_threads())
+
+    torch.set_num_threads(1)  # what a fresh thread takes up (a transcription's worker set it last)
     try:
-        torch.set_num_threads(1)
-        threads.fit(1)
-        assert torch.get_num_threads() == 2
-        torch.set_num_threads(1)  # not the engine's doing: left as it is
-        threads.fit(300)
-        assert torch.get_num_threads() == 1
+        thread = threading.Thread(target=engine_thread)
+        thread.start()
+        thread.join()
     finally:
         torch.set_num_threads(before)
+    assert seen == [2]
 
 
 def test_a_passing_thread_returns_the_result_and_ends() -> None:

@@ -249,6 +249,7 @@ class AsyncEngine(EngineThread[ModelRunner]):
 
     def _run(self) -> None:
         core = self._core
+        core.on_engine_thread()
         while True:
             with self._cv:
                 while not (

@@ -34,12 +34,17 @@ class EngineCore:
         threads: IntraOpThreads | None = None,
     ) -> None:
         self.runner = runner
-        self._threads = threads  # on a CPU: sets the engine thread's torch threads at its first step
+        self._threads = threads  # on a CPU: the engine thread's torch threads
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
         self._sampler = Sampler(runner.logits_processors)
         self.observer: EngineObserver = observer or NullObserver()
+
+    def on_engine_thread(self) -> None:
+        """Called first on the thread that will run every step."""
+        if self._threads is not None:
+            self._threads.apply()
 
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
@@ -93,8 +98,6 @@ class EngineCore:
         planned = self.scheduler.prefill_plan(self.runner.reserve)
         if not planned:
             self._refuse_what_never_fits(outputs)
-        if planned and self._threads is not None:
-            self._threads.fit(sum(take for _, take in planned))
         with clock("prefill"):
             admitted = self._prefill(planned, outputs)
         if admitted:
@@ -107,8 +110,6 @@ class EngineCore:
         running = self.scheduler.running
         batch_size = len(running)
         if running:
-            if self._threads is not None:
-                self._threads.fit(batch_size)
             by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
             with clock("forward"):
                 decoded = self._decode(by_slot, outputs)

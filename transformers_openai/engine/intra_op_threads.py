@@ -27,7 +27,7 @@ P = ParamSpec("P")
 
 
 class IntraOpThreads:
-    """Gives the engine thread its torch threads, set on that thread by its first step (the setting is per thread).
+    """The engine thread's torch threads: `apply` on that thread when it starts (the setting is per thread).
 
     Every step uses all of them, a single decode row too: with the engine's team the only OpenMP team of the process,
     SmolLM2 at one stream gave 23.9 tokens/s on two threads against 17.8 on one (2-core machine, over HTTP). Before,
@@ -39,14 +39,10 @@ class IntraOpThreads:
 
     def __init__(self, most: int) -> None:
         self.most = most
-        self._set = False
 
-    def fit(self, tokens: int) -> None:
-        """Called before each step of `tokens` tokens, on the thread that runs the model."""
-        if not self._set:
-            torch.get_num_threads()  # torch's own first-use setting of this thread, done before ours, not after
-            torch.set_num_threads(self.most)
-            self._set = True
+    def apply(self) -> None:
+        torch.get_num_threads()  # torch's own first-use setting of this thread, done before ours, not after
+        torch.set_num_threads(self.most)
 
 
 async def in_passing_thread(fn: Callable[[], T]) -> T:
