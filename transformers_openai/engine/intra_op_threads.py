@@ -30,7 +30,8 @@ class IntraOpThreads:
     """The engine thread's torch threads: `apply` on that thread when it starts (the setting is per thread).
 
     Every step uses all of them, a single decode row too: with the engine's team the only OpenMP team of the process,
-    SmolLM2 at one stream gave 23.9 tokens/s on two threads against 17.8 on one (2-core machine, over HTTP). Before,
+    SmolLM2 at one stream gave 23.9 tokens/s on two threads against 17.8 on one (2-core machine, over HTTP, one run
+    each, the same hour). Before,
     beside a loader thread's team, one thread had been the faster for steps of a token or two.
 
     Args:
