@@ -14,10 +14,9 @@ then took 31 ms where it had taken 47-50.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 import torch
@@ -31,8 +30,8 @@ class IntraOpThreads:
 
     Every step uses all of them, a single decode row too: with the engine's team the only OpenMP team of the process,
     SmolLM2 at one stream gave 23.9 tokens/s on two threads against 17.8 on one (2-core machine, over HTTP, one run
-    each, the same hour). Before,
-    beside a loader thread's team, one thread had been the faster for steps of a token or two.
+    each, the same hour). Before, beside a loader thread's team, one thread had been the faster for steps of a token
+    or two.
 
     Args:
         most: the threads the steps use (--torch-threads, or torch's default).
@@ -47,29 +46,13 @@ class IntraOpThreads:
 
 
 async def in_passing_thread(fn: Callable[[], T]) -> T:
-    """`fn()` on a thread of its own that ends when it returns, so no OpenMP team of its outlives it (a pooled
-    thread, as `asyncio.to_thread`'s, keeps its team for good)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(result: T | None, error: BaseException | None) -> None:
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            outcome: tuple[T | None, BaseException | None] = (fn(), None)
-        except BaseException as exc:  # handed to the awaiting task
-            outcome = (None, exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shut down during the load): nobody waits
-            loop.call_soon_threadsafe(deliver, *outcome)
-
-    threading.Thread(target=run, name="loader", daemon=True).start()
-    return await future
+    """`fn()` on a worker thread of its own that ends once `fn` returns, so no OpenMP team of its outlives it (a
+    pooled thread, as `asyncio.to_thread`'s, keeps its team for good)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="loader")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
+    finally:
+        pool.shutdown(wait=False)  # the thread exits after its one call
 
 
 def one_torch_thread(fn: Callable[P, T]) -> Callable[P, T]:
