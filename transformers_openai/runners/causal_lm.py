@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -9,10 +10,13 @@ from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
 from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.fixed_steps import FixedSteps
 from transformers_openai.runners.paged_attention import use_paged_attention
 from transformers_openai.runners.paged_rows import KVSpace, PagedRows
 from transformers_openai.runners.paged_step import PagedStep, StepExecutor
 from transformers_openai.runners.prefill_groups import length_groups
+
+logger = logging.getLogger(__name__)
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
 SCORED_CHUNK_TOKENS = 512
@@ -42,11 +46,37 @@ class CausalLMRunner(OneByOnePrefill):
         self.max_rows = max_rows
         self.device = model.device
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
-        grouped = use_paged_attention(model)
+        grouped = self._grouped = use_paged_attention(model)
         self._rows = PagedRows(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
         self.executor: StepExecutor = PagedStep(model, self._rows.cache, grouped)
         self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
         self._free_slots = list(range(max_rows - 1, -1, -1))
+        self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
+
+    @torch.inference_mode()
+    def fix_steps(self, graphs: bool, buckets: bool | None = None) -> bool:
+        """Decode steps, and prefills of short prompts, from now on run from persistent buffers (`fixed_steps.py`):
+        as CUDA graphs captured here when `graphs`, else eagerly, padded to buckets when `buckets` (default: as
+        graphs are). Only for plain causal attention run by this process's own executor (not under tensor
+        parallelism); False where it does not apply."""
+        if not self._grouped or not isinstance(self.executor, PagedStep):
+            return False
+        pool = self._rows.pool
+        max_blocks = min(pool.blocks_for(self.max_model_len + 1), pool.usable)
+        padded = graphs if buckets is None else buckets
+        # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
+        most = max(pool.usable * pool.block_size, self.max_rows * pool.block_size * 2)
+        self.fixed = FixedSteps(
+            self.executor.forward_planned, self._rows.cache, self.max_rows, max_blocks, padded, most
+        )
+        if graphs:
+            try:
+                self.fixed.capture()
+            except Exception:  # e.g. a quantized layer's kernel that cannot be captured: eager steps still serve
+                logger.warning("CUDA graphs could not be captured: steps run eagerly", exc_info=True)
+                self.fixed = None
+                return False
+        return True
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len
@@ -117,7 +147,9 @@ class CausalLMRunner(OneByOnePrefill):
     def _forward(self, rows: list[tuple[PrefillJob, list[int]]], keep: int) -> torch.Tensor:
         """One step adding each job's `tokens` after what its table holds; logits `[rows, keep or tokens, vocab]`."""
         tables = [(job.kv, tokens) for job, tokens in rows]
-        logits = self._step(tables, keep)
+        logits = self.fixed.prefill(tables) if self.fixed is not None and keep == 1 else None
+        if logits is None:
+            logits = self._step(tables, keep)
         for job, tokens in rows:
             self._rows.pool.written(job.kv, tokens)
             job.done += len(tokens)
@@ -138,6 +170,14 @@ class CausalLMRunner(OneByOnePrefill):
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
         order = list(self._rows.tables)
+        if self.fixed is not None:
+            held = [self._rows.tables[slot] for slot in order]
+            tokens = [last_tokens[slot] for slot in order]
+            fixed_logits = self.fixed.decode(order, held, tokens)
+            if fixed_logits is not None:
+                for table, token in zip(held, tokens, strict=True):
+                    self._rows.pool.written(table, [token])
+                return order, fixed_logits
         tables = [(self._rows.tables[slot], [last_tokens[slot]]) for slot in order]
         logits = self._step(tables, keep=1)[:, -1].float()
         for table, tokens in tables:
@@ -159,6 +199,8 @@ class CausalLMRunner(OneByOnePrefill):
     def release(self, slot: int) -> None:
         self._rows.release(slot)
         self._free_slots.append(slot)
+        if self.fixed is not None:
+            self.fixed.forget(slot)
 
     def rows_in_use(self) -> int:
         return len(self._rows.tables)

@@ -108,13 +108,17 @@ class PagedKVCache(Cache):
         self.block_size = block_size
         self.device = device
         self.group_padding = group_padding
-        shape = (geometry.heads, num_blocks * block_size, geometry.head_dim)
+        # One block beyond the pool's: the trash block that padding rows of fixed-shape steps write and read.
+        self.trash_block = num_blocks
+        shape = (geometry.heads, (num_blocks + 1) * block_size, geometry.head_dim)
         # Untouched pages of an `empty` CPU tensor take no memory: the process grows as blocks are first used.
         self._k = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.layers)]
         self._v = [torch.empty(shape, dtype=geometry.dtype, device=device) for _ in range(geometry.layers)]
         null = slice(NULL_BLOCK * block_size, (NULL_BLOCK + 1) * block_size)
+        trash = slice(num_blocks * block_size, (num_blocks + 1) * block_size)
         for pool in (*self._k, *self._v):
             pool[:, null] = 0  # padding columns read these: finite, so masked-out weights stay exact zeros
+            pool[:, trash] = 0
         self._plan: StepPlan | None = None
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self.past = 0  # columns before the step's new ones (what transformers reads as the cache's length)

@@ -1,0 +1,158 @@
+"""Steps of fixed shapes (`runners/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
+outputs equal `generate()` alone, decode steps and prompts' prefills alike; slots never written cannot reach
+attention; a step too wide for the buckets is run by the grouped step instead. (CUDA graph capture itself needs a
+GPU: `stress-test/cuda_run.sh breakdown`.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.request import EngineRequest
+from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.block_pool import NULL_BLOCK
+from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
+
+torch.set_num_threads(1)
+
+NEW_TOKENS = 10
+LENGTHS = [1, 30, 7, 33, 13, 25, 20, 3, 17]  # prompts of one to three blocks of 16, and more as they decode
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return [list(range(100 + 3 * n, 100 + 4 * n)) or [100] for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        generated = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+        )
+        out.append(generated[0, len(prompt) :].tolist())
+    return out
+
+
+def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Adds a request every `every` steps to an engine over `runner`; each request's greedy tokens."""
+    core = EngineCore(runner, tokenizer, Scheduler(max_running=runner.max_rows, max_waiting=32), frozenset())
+    params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    pending = [EngineRequest(f"r{i}", list(p), params) for i, p in enumerate(prompts)]
+    step = 0
+    while pending or core.has_work():
+        if pending and step % every == 0:
+            core.add(pending.pop(0))
+        for output in core.step():
+            assert output.error is None, output.error
+            tokens[output.request_id].extend(output.token_ids)
+        step += 1
+    assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+    return [tokens[f"r{i}"] for i in range(len(prompts))]
+
+
+def test_buckets() -> None:
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert batch_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert width_buckets(1) == [1]
+    assert width_buckets(65) == [1, 2, 4, 8, 16, 32, 64, 65]
+    assert width_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact-shape", "bucketed"])
+@pytest.mark.parametrize("every", [1, 3])
+def test_fixed_steps_under_batching_match_generate(model, tokenizer, prompts, reference, buckets, every) -> None:
+    runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
+    assert runner.fix_steps(graphs=False, buckets=buckets)
+    fixed = runner.fixed
+    assert fixed is not None
+    taken = {"decode": 0, "prefill": 0}
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        method = getattr(fixed, name)
+
+        def counted(*args):  # type: ignore[no-untyped-def]
+            out = method(*args)
+            taken[name] += out is not None
+            return out
+
+        return counted
+
+    fixed.decode = counting("decode")  # type: ignore[method-assign]
+    fixed.prefill = counting("prefill")  # type: ignore[method-assign]
+    assert drive(runner, tokenizer, prompts, every) == reference
+    assert taken["decode"] > NEW_TOKENS  # the decode steps ran the fixed path
+    assert taken["prefill"] > 0  # and so did the prompts' prefills
+
+
+def test_slots_never_written_do_not_reach_attention(model, tokenizer, prompts, reference) -> None:
+    """A pool whose unwritten slots hold NaN (as fresh `torch.empty` memory may): the padded columns of a fixed
+    step read the zero block instead, so nothing changes."""
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
+    assert runner.fix_steps(graphs=False, buckets=True)
+    cache = runner._rows.cache
+    size = cache.block_size
+    for pool in (*cache._k, *cache._v):
+        pool[:, (NULL_BLOCK + 1) * size : cache.trash_block * size] = float("nan")
+    assert drive(runner, tokenizer, prompts) == reference
+
+
+def test_a_step_too_wide_for_the_buckets_runs_grouped(model, tokenizer, prompts, reference) -> None:
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
+    assert runner.fix_steps(graphs=False, buckets=True)
+    fixed = runner.fixed
+    assert fixed is not None
+    fixed.most_tokens = 2 * 2 * 16  # two rows of two blocks: wider steps go the grouped way
+    grouped = 0
+    forward = runner.executor.forward
+
+    def counted(rows, keep):  # type: ignore[no-untyped-def]
+        nonlocal grouped
+        grouped += all(len(tokens) == 1 for _, tokens in rows)
+        return forward(rows, keep)
+
+    runner.executor.forward = counted  # type: ignore[method-assign]
+    assert drive(runner, tokenizer, prompts, every=1) == reference
+    assert grouped > 0
+
+
+def test_a_cached_prefix_is_followed_by_a_fixed_prefill_of_the_rest(model, tokenizer, prompts, reference) -> None:
+    """The second request with the same prompt reuses its full blocks: its prefill starts after them."""
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
+    assert runner.fix_steps(graphs=False, buckets=True)
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    twice = [prompts[longest], prompts[longest]]
+    assert drive(runner, tokenizer, twice, every=NEW_TOKENS + 2) == [reference[longest]] * 2
+    assert runner.kv_usage().prefix_hits >= 16
+
+
+def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:
+    eager = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="eager")
+    runner = CausalLMRunner(eager.eval(), max_rows=2, max_model_len=64)
+    assert not runner.fix_steps(graphs=False)
+    assert runner.fixed is None
