@@ -220,13 +220,16 @@ def load_serving_context(
     runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len, kv_space)
     if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
         runner.executor = leader.lead(runner.executor, ranks)
+    phases.done("K/V cache")
+    graphs = model.device.type == "cuda" and not settings.enforce_eager and not settings.device_map
+    if graphs and isinstance(runner, CausalLMRunner) and runner.fix_steps(graphs=True):
+        phases.done("CUDA graphs")
     if runner.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
             kv_space.bytes / 2**20, runner.max_model_len, max_len,
         )
         max_len = runner.max_model_len
-    phases.done("K/V cache")
     scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
     detokenizer = engine_decoder(tokenizer)
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         "results differ only by float rounding. An output layer tied to the embeddings is packed as a copy (the "
         "model grows by that table).",
     )
+    enforce_eager: bool = Field(
+        False,
+        description="Run decode steps eagerly. Otherwise, on CUDA, a plain causal decoder's decode step is captured at "
+        "start as CUDA graphs (one per batch and width bucket) and replayed: far less host time per step.",
+    )
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
     )
