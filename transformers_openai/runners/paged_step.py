@@ -9,9 +9,11 @@ shards of the model and of the pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
 from transformers_openai.runners.block_pool import BlockTable
@@ -19,6 +21,11 @@ from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.paged_cache import PagedKVCache
 
 StepRows = Sequence[tuple[BlockTable, list[int]]]  # each row's blocks (and the tokens they hold), its new tokens
+
+# Attention kernels an eager step may use on CUDA: not cuDNN's, which plans every new shape on the host (3.8 ms a
+# call: on an H200 an eager 16-layer step of the 1B shape took 52-63 ms for 2 ms of GPU work, 15 ms without it;
+# stress-test/results/cuda). Captured steps keep it: it is planned once, at capture, and needs the least memory.
+EAGER_CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class StepExecutor(Protocol):
@@ -44,22 +51,43 @@ class PagedStep:
         self.cache = cache
         self._cache_keyword = cache_keyword(model)
         self._paged_kv = {"paged_kv": cache} if grouped else {}
+        # Grouped attention applies each group's own mask: transformers is handed a 4-D placeholder, which it passes
+        # through as it is instead of building a padded mask the step would never read.
+        self._placeholder_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=cache.device) if grouped else None
+
+    def _eager_kernels(self) -> AbstractContextManager[Any]:
+        return sdpa_kernel(EAGER_CUDA_ATTENTION) if self.cache.device.type == "cuda" else nullcontext()
 
     def forward(self, rows: StepRows, keep: int) -> torch.Tensor:
         cache = self.cache
         plan = cache.plan([(table, len(tokens)) for table, tokens in rows])
         padding = [0] * plan.queries  # rows right-aligned: a row with fewer new tokens is padded on the left
         input_ids = torch.tensor([padding[len(tokens) :] + list(tokens) for _, tokens in rows], dtype=torch.long)
-        with cache.running(plan):
+        with cache.running(plan), self._eager_kernels():
             out = self.model(
                 input_ids=input_ids.to(cache.device),
                 position_ids=plan.positions,
-                attention_mask=plan.mask,
+                attention_mask=plan.mask if self._placeholder_mask is None else self._placeholder_mask,
                 use_cache=True,
                 logits_to_keep=keep,
                 **{self._cache_keyword: cache},
                 **self._paged_kv,
             )
+        logits: torch.Tensor = out.logits
+        return logits
+
+    def forward_planned(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The forward of a step the caller planned (the cache is running its plan): device tensors in, logits out,
+        nothing on the host (`FixedSteps` captures it as a CUDA graph). `mask` is 4-D: transformers passes it on."""
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_keyword: self.cache},
+            **self._paged_kv,
+        )
         logits: torch.Tensor = out.logits
         return logits
 
