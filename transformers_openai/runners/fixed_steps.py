@@ -109,6 +109,9 @@ class FixedSteps:
         self._mirrored: list[tuple[list[int], int] | None] = [None] * max_rows
         self._captured: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.replays = 0  # graph replays so far (steps that ran as graphs)
+        # The last copy out of the pinned staging buffer: the buffer is not rewritten before it has run (two
+        # prefills of one engine step are staged with no synchronisation between them).
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None  # type: ignore[no-untyped-call]
 
     def decode(self, slots: Sequence[int], tables: Sequence[BlockTable], tokens: Sequence[int]) -> torch.Tensor | None:
         """One decode step of the rows at `slots` (their tables, each holding room for one more token) adding
@@ -220,6 +223,8 @@ class FixedSteps:
     def _grid(self, batch: int, queries: int, width: int) -> _Grid:
         """The staging buffer's views for a step of that shape, reset to padding: token 0 at position -1 (padding
         queries), rows reading the trash block."""
+        if self._copied is not None:
+            self._copied.synchronize()
         ids, positions, tables = _views(self._staged, batch, queries, self.max_blocks)
         tables = tables[:, :width]
         ids[:] = 0
@@ -233,6 +238,8 @@ class FixedSteps:
             batch, queries, _ = shape
             used = batch * (2 * queries + self.max_blocks)
             self._device[:used].copy_(self._host[:used], non_blocking=True)
+            if self._copied is not None:
+                self._copied.record()
         captured = self._captured.get(shape)
         if captured is None:
             return self._run(*shape)
