@@ -9,7 +9,8 @@ arithmetic alone outweighs the host at 16 rows and more). For each batch size, i
 - transformers: `model(input_ids, past_key_values=DynamicCache)` for one new token per row, after a prefill of the
   same prompt, the mean over `--steps` forwards (no sampling: that baseline does less than a step of ours);
 - engine: the engine's whole decode step (`EngineCore.step`: forward over the paged K/V pool, sampling, detokenizing
-  and bookkeeping), the mean over the steps that decode all rows.
+  and bookkeeping), the mean over the steps that decode all rows; `--decode` names the step variants measured
+  (`step_breakdown.py`'s: grouped, fixed, buckets), interleaved, the first one reported as `engine_ms`.
 
 Example:
     python stress-test/host_cost.py --batch 1,16,64 --repeat 3
@@ -92,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--model-dir", type=Path, help="where the random model is kept (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--decode", default="grouped", help="engine step variants (default: %(default)s)")
     args = parser.parse_args(argv)
+    variants = args.decode.split(",")
     import torch
     from step_breakdown import breakdown
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,19 +112,26 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, float]] = []
     print(f"random Llama, {args.layers} layers of hidden size {args.hidden}, vocabulary {args.vocab}, float32, "
           f"{args.threads} thread(s)")
-    print("| repetition | batch | transformers step ms | engine step ms | engine / transformers |")
-    print("|---|---|---|---|---|")
+    print("| repetition | batch | transformers step ms | engine step | ms | engine / transformers |")
+    print("|---|---|---|---|---|---|")
     for repetition in range(1, args.repeat + 1):
         for batch in batches:
-            ours = breakdown(model, tokenizer, batch, args.steps + 2, prompt_ids=prompt)["total"]
             theirs = transformers_step_ms(model, prompt, batch, args.steps)
-            rows.append({"repetition": repetition, "batch": batch, "transformers_ms": theirs, "engine_ms": ours})
-            print(f"| {repetition} | {batch} | {theirs:.2f} | {ours:.2f} | {ours / theirs:.2f} |", flush=True)
+            row: dict[str, float] = {"repetition": repetition, "batch": batch, "transformers_ms": theirs}
+            for variant in variants:
+                ours = breakdown(model, tokenizer, batch, args.steps + 2, prompt_ids=prompt, decode=variant)["total"]
+                row[f"engine_{variant}_ms"] = ours
+                row.setdefault("engine_ms", ours)
+                print(f"| {repetition} | {batch} | {theirs:.2f} | {variant} | {ours:.2f} | {ours / theirs:.2f} |",
+                      flush=True)
+            rows.append(row)
     for batch in batches:
-        ratios = [r["engine_ms"] / r["transformers_ms"] for r in rows if r["batch"] == batch]
-        print(f"batch {batch}: engine / transformers median {statistics.median(ratios):.2f}")
+        for variant in variants:
+            ratios = [r[f"engine_{variant}_ms"] / r["transformers_ms"] for r in rows if r["batch"] == batch]
+            print(f"batch {batch}, {variant}: engine / transformers median {statistics.median(ratios):.2f}")
     if args.json:
-        shape = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "threads": args.threads}
+        shape = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "threads": args.threads,
+                 "decode": variants}
         args.json.write_text(json.dumps({**shape, "rows": rows}, indent=2) + "\n")
     return 0
 
