@@ -187,7 +187,7 @@ class FixedSteps:
 
     def _shape(self, rows: int, queries: int, widest: int, decode: bool) -> tuple[int, int, int] | None:
         """The (batch, queries, width) a step runs at, or None when it is not taken."""
-        if not decode and (queries > self.max_queries or widest > PREFILL_MAX_BLOCKS):
+        if rows > self.max_rows or (not decode and (queries > self.max_queries or widest > PREFILL_MAX_BLOCKS)):
             return None
         if not self.buckets:
             batch, padded, width = rows, queries, widest
