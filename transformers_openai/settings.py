@@ -60,8 +60,9 @@ class Settings(BaseSettings):
     )
     enforce_eager: bool = Field(
         False,
-        description="Run decode steps eagerly. Otherwise, on CUDA, a plain causal decoder's decode step is captured at "
-        "start as CUDA graphs (one per batch and width bucket) and replayed: far less host time per step.",
+        description="Run every step eagerly. Otherwise, on CUDA, a plain causal decoder's decode steps and short "
+        "prompts' prefills are captured at start as CUDA graphs (one per shape bucket) and replayed: far less host "
+        "time per step.",
     )
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
