@@ -170,18 +170,14 @@ class CausalLMRunner(OneByOnePrefill):
     @torch.inference_mode()
     def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
         order = list(self._rows.tables)
-        if self.fixed is not None:
-            held = [self._rows.tables[slot] for slot in order]
-            tokens = [last_tokens[slot] for slot in order]
-            fixed_logits = self.fixed.decode(order, held, tokens)
-            if fixed_logits is not None:
-                for table, token in zip(held, tokens, strict=True):
-                    self._rows.pool.written(table, [token])
-                return order, fixed_logits
-        tables = [(self._rows.tables[slot], [last_tokens[slot]]) for slot in order]
-        logits = self._step(tables, keep=1)[:, -1].float()
-        for table, tokens in tables:
-            self._rows.pool.written(table, tokens)
+        held = [self._rows.tables[slot] for slot in order]
+        tokens = [last_tokens[slot] for slot in order]
+        logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
+        if logits is None:  # no fixed steps, or this one is wider than they take
+            logits = self._step([(table, [token]) for table, token in zip(held, tokens, strict=True)], keep=1)
+            logits = logits[:, -1].float()
+        for table, token in zip(held, tokens, strict=True):
+            self._rows.pool.written(table, [token])
         return order, logits
 
     @torch.inference_mode()

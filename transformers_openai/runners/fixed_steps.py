@@ -122,11 +122,10 @@ class FixedSteps:
         shape = self._shape(rows, 1, widest, decode=True)
         if shape is None:
             return None
-        batch, _, width = shape
-        grid = self._grid(batch, 1, width)
-        grid.ids[:rows, 0] = tokens
-        grid.positions[:rows, 0] = [table.length for table in tables]
-        grid.tables[:rows] = self._by_slot[list(slots), :width]
+        ids, positions, blocks = self._grid(*shape)
+        ids[:rows, 0] = tokens
+        positions[:rows, 0] = [table.length for table in tables]
+        blocks[:rows] = self._by_slot[list(slots), : shape[2]]
         return self._launch(shape)[:rows, -1].float()
 
     def prefill(self, rows: Sequence[tuple[BlockTable, Sequence[int]]]) -> torch.Tensor | None:
@@ -139,13 +138,13 @@ class FixedSteps:
         shape = self._shape(count, queries, widest, decode=False)
         if shape is None:
             return None
-        batch, padded, width = shape
-        grid = self._grid(batch, padded, width)
+        ids, positions, blocks = self._grid(*shape)
+        padded = shape[1]
         for row, (table, tokens) in enumerate(rows):
             n, start = len(tokens), table.length
-            grid.ids[row, padded - n :] = tokens
-            grid.positions[row, padded - n :] = np.arange(start, start + n)
-            grid.tables[row, : len(table.blocks)] = table.blocks
+            ids[row, padded - n :] = tokens
+            positions[row, padded - n :] = np.arange(start, start + n)
+            blocks[row, : len(table.blocks)] = table.blocks
         return self._launch(shape)[:count]
 
     def capture(self, log_every: float = 5.0) -> None:
@@ -167,6 +166,7 @@ class FixedSteps:
         shapes = [(b, q, w) for b, q, w in shapes if b * w * size <= self.most_tokens]
         for done, shape in enumerate(shapes, 1):
             self._grid(*shape)  # every row a padding row: reads and writes the trash block
+            self._upload(shape)
             side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -220,9 +220,9 @@ class FixedSteps:
             widest = max(widest, count)
         return widest
 
-    def _grid(self, batch: int, queries: int, width: int) -> _Grid:
-        """The staging buffer's views for a step of that shape, reset to padding: token 0 at position -1 (padding
-        queries), rows reading the trash block."""
+    def _grid(self, batch: int, queries: int, width: int) -> tuple[np.ndarray[Any, Any], ...]:
+        """The staging buffer's views for a step of that shape (token ids, positions, block tables `[batch, width]`),
+        reset to padding: token 0 at position -1 (padding queries), rows reading the trash block."""
         if self._copied is not None:
             self._copied.synchronize()
         ids, positions, tables = _views(self._staged, batch, queries, self.max_blocks)
@@ -230,16 +230,20 @@ class FixedSteps:
         ids[:] = 0
         positions[:] = -1
         tables[:] = self.cache.trash_block
-        return _Grid(ids, positions, tables)
+        return ids, positions, tables
 
-    def _launch(self, shape: tuple[int, int, int]) -> torch.Tensor:
-        """Copies the staged step to the device and runs it: its graph's replay, else eagerly."""
+    def _upload(self, shape: tuple[int, int, int]) -> None:
+        """Copies the staged inputs of a step of that shape to the device (nothing to copy on a CPU)."""
         if self._device is not self._host:
             batch, queries, _ = shape
             used = batch * (2 * queries + self.max_blocks)
             self._device[:used].copy_(self._host[:used], non_blocking=True)
             if self._copied is not None:
                 self._copied.record()
+
+    def _launch(self, shape: tuple[int, int, int]) -> torch.Tensor:
+        """Copies the staged step to the device and runs it: its graph's replay, else eagerly."""
+        self._upload(shape)
         captured = self._captured.get(shape)
         if captured is None:
             return self._run(*shape)
@@ -289,12 +293,3 @@ def _views(buffer: Any, batch: int, queries: int, max_blocks: int) -> tuple[Any,
         buffer[tokens : 2 * tokens].reshape(batch, queries),
         buffer[2 * tokens : 2 * tokens + batch * max_blocks].reshape(batch, max_blocks),
     )
-
-
-class _Grid:
-    """The staged inputs of one step, as `[rows, ...]` views of the staging buffer."""
-
-    def __init__(self, ids: np.ndarray[Any, Any], positions: np.ndarray[Any, Any], tables: np.ndarray[Any, Any]):
-        self.ids = ids
-        self.positions = positions
-        self.tables = tables
