@@ -74,7 +74,8 @@ def breakdown(
 
     steps = _Steps()
     runner = CausalLMRunner(model, max_rows=batch, max_model_len=1024)
-    if decode != "grouped" and not runner.fix_steps(graphs=decode == "graphs", buckets=decode != "fixed"):
+    fixed = {"graphs": True, "buckets": True, "fixed": False, "compiled": False}
+    if decode != "grouped" and not runner.fix_steps(decode == "graphs", fixed[decode], compiled=decode == "compiled"):
         raise SystemExit(f"{decode}: this model's attention does not take fixed-shape decode steps")
     eos = frozenset({tokenizer.eos_token_id})
     core = EngineCore(runner, engine_decoder(tokenizer), Scheduler(batch, batch), eos, steps)

@@ -221,9 +221,17 @@ def load_serving_context(
     if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
         runner.executor = leader.lead(runner.executor, ranks)
     phases.done("K/V cache")
-    graphs = model.device.type == "cuda" and not settings.enforce_eager and not settings.device_map
-    if graphs and isinstance(runner, CausalLMRunner) and runner.fix_steps(graphs=True):
-        phases.done("CUDA graphs")
+    if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
+        if model.device.type == "cuda" and runner.fix_steps(graphs=True):
+            phases.done("CUDA graphs")
+        # A CPU compiles the decode step (batch sizes and widths symbolic); prompts keep the grouped eager prefill.
+        # Quantized layers keep their own kernels, eagerly.
+        elif (
+            model.device.type == "cpu"
+            and quantization == "none"
+            and runner.fix_steps(graphs=False, compiled=True, prefills=False)
+        ):
+            phases.done("compiling")
     if runner.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",

@@ -42,11 +42,38 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        weight, bias = self.weight, cast(torch.Tensor | None, self.bias)
+        if torch.compiler.is_compiling():  # one opaque call in a compiled graph (`register_compilable_op`)
+            y: torch.Tensor = torch.ops.transformers_openai.packed_linear(rows, weight, bias)
+        else:
+            y = _linear(rows, weight, bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return y
+
+
+def _linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def register_compilable_op() -> None:
+    """Registers `torch.ops.transformers_openai.packed_linear`, what `PackedLinear` calls inside `torch.compile`:
+    inductor lowers oneDNN's packed linear only for weights it froze itself, so the packed weights reach the
+    compiled graph through an operator it treats as opaque (its output's shape given). Idempotent."""
+    if hasattr(torch.ops.transformers_openai, "packed_linear"):
+        return
+    # Defined with the plain library functions, not `torch.library.custom_op` (whose Python wrappers cost 25 us a
+    # call): the dispatcher calls the kernel directly; torch keeps the registrations for the process's life.
+    name = "transformers_openai::packed_linear"
+    torch.library.define(name, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    torch.library.impl(name, "CompositeExplicitAutograd", _linear)
+    torch.library.register_fake(name, _linear_shape)
 
 
 def can_pack(dtype: torch.dtype) -> bool:

@@ -1,7 +1,7 @@
 """Steps of fixed shapes (`runners/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
 outputs equal `generate()` alone, decode steps and prompts' prefills alike; slots never written cannot reach
-attention; a step too wide for the buckets is run by the grouped step instead. (CUDA graph capture itself needs a
-GPU: `stress-test/cuda_run.sh breakdown`.)"""
+attention; a step too wide for the buckets is run by the grouped step instead; the CPU's compiled decode step is
+one graph for every batch. (CUDA graph capture itself needs a GPU: `stress-test/cuda_run.sh breakdown`.)"""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.block_pool import NULL_BLOCK
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
@@ -156,3 +158,37 @@ def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:
     runner = CausalLMRunner(eager.eval(), max_rows=2, max_model_len=64)
     assert not runner.fix_steps(graphs=False)
     assert runner.fixed is None
+
+
+@pytest.mark.parametrize("weights", ["plain", "packed"])
+def test_compiled_decode_under_batching_matches_generate(tiny_llama_dir, tokenizer, prompts, weights) -> None:  # type: ignore[no-untyped-def]
+    """The CPU server's decode step: compiled once, then every batch size and width (rows joining and leaving)
+    runs that one graph; prompts keep the grouped eager prefill. Packed (oneDNN) weights reach the graph through
+    their own operator."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    if weights == "packed" and not pack_linear_layers(model):
+        pytest.skip("this CPU or torch build cannot pack weights for oneDNN")
+    expected = [
+        model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)[
+            0, len(p) :
+        ].tolist()
+        for p in prompts
+    ]
+    runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
+    assert runner.fix_steps(graphs=False, compiled=True, prefills=False)
+    fixed = runner.fixed
+    assert fixed is not None
+    graphs = counters["stats"]["unique_graphs"]
+    taken = {"decode": 0, "prefill": 0}
+    for name in taken:
+        method = getattr(fixed, name)
+
+        def counted(*args, name=name, method=method):  # type: ignore[no-untyped-def]
+            out = method(*args)
+            taken[name] += out is not None
+            return out
+
+        setattr(fixed, name, counted)
+    assert drive(runner, tokenizer, prompts, every=1) == expected
+    assert taken["prefill"] == 0 and taken["decode"] > NEW_TOKENS
+    assert counters["stats"]["unique_graphs"] == graphs  # no graph compiled beyond the one at start

@@ -54,11 +54,14 @@ class CausalLMRunner(OneByOnePrefill):
         self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
 
     @torch.inference_mode()
-    def fix_steps(self, graphs: bool, buckets: bool | None = None) -> bool:
-        """Decode steps, and prefills of short prompts, from now on run from persistent buffers (`fixed_steps.py`):
-        as CUDA graphs captured here when `graphs`, else eagerly, padded to buckets when `buckets` (default: as
-        graphs are). Only for plain causal attention run by this process's own executor (not under tensor
-        parallelism); False where it does not apply."""
+    def fix_steps(
+        self, graphs: bool, buckets: bool | None = None, compiled: bool = False, prefills: bool = True
+    ) -> bool:
+        """Decode steps, and prefills of short prompts when `prefills`, from now on run from persistent buffers
+        (`fixed_steps.py`): as CUDA graphs captured here when `graphs`, else eagerly or, when `compiled`, decode
+        steps compiled here by `torch.compile`; padded to buckets when `buckets` (default: as graphs are). Only for
+        plain causal attention run by this process's own executor (not under tensor parallelism); False where it
+        does not apply, or where the graphs could not be captured or compiled (steps then run as before)."""
         if not self._grouped or not isinstance(self.executor, PagedStep):
             return False
         pool = self._rows.pool
@@ -66,16 +69,19 @@ class CausalLMRunner(OneByOnePrefill):
         padded = graphs if buckets is None else buckets
         # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
         most = max(pool.usable * pool.block_size, self.max_rows * pool.block_size * 2)
-        self.fixed = FixedSteps(
-            self.executor.forward_planned, self._rows.cache, self.max_rows, max_blocks, padded, most
+        fixed = FixedSteps(
+            self.executor.forward_planned, self._rows.cache, self.max_rows, max_blocks, padded, most, prefills
         )
-        if graphs:
-            try:
-                self.fixed.capture()
-            except Exception:  # e.g. a quantized layer's kernel that cannot be captured: eager steps still serve
-                logger.warning("CUDA graphs could not be captured: steps run eagerly", exc_info=True)
-                self.fixed = None
-                return False
+        try:
+            if compiled:
+                fixed.compile()
+            if graphs:
+                fixed.capture()
+        except Exception:  # e.g. a quantized layer's kernel that cannot be captured: eager steps still serve
+            what = "CUDA graphs could not be captured" if graphs else "the decode step could not be compiled"
+            logger.warning("%s: steps run eagerly", what, exc_info=True)
+            return False
+        self.fixed = fixed
         return True
 
     def output_limit(self, prompt_len: int) -> int:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from transformers_openai.packed_linear import register_compilable_op
 from transformers_openai.runners.block_pool import NULL_BLOCK, BlockTable
 from transformers_openai.runners.paged_cache import AttentionGroup, PagedKVCache, StepPlan
 
@@ -72,6 +74,7 @@ class FixedSteps:
         buckets: pad every step to its buckets (what graphs need); False runs each step at its exact shape.
         most_tokens: the most columns (rows x width in tokens) a step may read; a step beyond it is not taken
             (None is returned) and buckets beyond it are not captured.
+        prefills: prompts' prefills are taken too (else only decode steps).
     """
 
     def __init__(
@@ -82,8 +85,10 @@ class FixedSteps:
         max_blocks: int,
         buckets: bool,
         most_tokens: int,
+        prefills: bool = True,
     ) -> None:
         self._forward = forward
+        self.prefills = prefills
         self.cache = cache
         self.max_rows = max_rows
         self.max_blocks = max_blocks
@@ -112,6 +117,8 @@ class FixedSteps:
         # The last copy out of the pinned staging buffer: the buffer is not rewritten before it has run (two
         # prefills of one engine step are staged with no synchronisation between them).
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+        self._compiled: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self._least_width = 1  # the fewest blocks a decode step runs over (`compile`)
 
     def decode(self, slots: Sequence[int], tables: Sequence[BlockTable], tokens: Sequence[int]) -> torch.Tensor | None:
         """One decode step of the rows at `slots` (their tables, each holding room for one more token) adding
@@ -131,7 +138,9 @@ class FixedSteps:
     def prefill(self, rows: Sequence[tuple[BlockTable, Sequence[int]]]) -> torch.Tensor | None:
         """One step adding each table's new tokens (a prompt, or what is left of it after a cached prefix) after what
         it holds; logits `[rows, 1, vocab]` of each row's last token. None (nothing run) when the step is larger than
-        the prefill buckets."""
+        the prefill buckets, or prefills are not taken."""
+        if not self.prefills:
+            return None
         count = len(rows)
         queries = max(len(tokens) for _, tokens in rows)
         widest = max(len(table.blocks) for table, _ in rows)
@@ -158,7 +167,7 @@ class FixedSteps:
         shapes = [(b, 1, w) for b in reversed(self.batch_buckets) for w in reversed(self.width_buckets)]
         shapes += [
             (b, q, w)
-            for b in reversed(self.prefill_batches)
+            for b in (reversed(self.prefill_batches) if self.prefills else ())
             for q in reversed(PREFILL_QUERIES)
             for w in reversed(self.prefill_widths)
             if w * size >= q
@@ -191,6 +200,8 @@ class FixedSteps:
             return None
         if not self.buckets:
             batch, padded, width = rows, queries, widest
+            if decode:
+                width = max(width, self._least_width)
         else:
             found_batch = _bucket(self.batch_buckets if decode else self.prefill_batches, rows)
             found_queries = 1 if decode else _bucket(PREFILL_QUERIES, queries)
@@ -252,12 +263,43 @@ class FixedSteps:
         self.replays += 1
         return logits
 
+    def compile(self) -> None:
+        """Decode steps from now on run compiled (`torch.compile`, inductor), compiled here on padding steps, with
+        progress in the log.
+
+        Batch size and width are symbolic, so one graph serves every step of two rows or more. The compiler
+        specialises sizes of 1: a step of one row gets a graph of its own (padding it to two rows cost 8% of its
+        time), while widths are padded to at least two blocks (a graph is 40-60 s of compiling on two cores)."""
+        register_compilable_op()
+        own = types.FunctionType(FixedSteps._device_step.__code__.replace(), globals())  # a cache of its own
+        options: dict[str, Any] = {"guard_filter_fn": _input_guards}
+        self._compiled = torch.compile(types.MethodType(own, self), dynamic=False, options=options)
+        width = self._least_width = min(2, self.max_blocks)
+        started = time.monotonic()
+        shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
+        for done, shape in enumerate(shapes, 1):
+            self._grid(*shape)  # every row a padding row: reads and writes the trash block
+            self._run(*shape)
+            logger.info("compiled %d/%d decode step graphs (%.1f s)", done, len(shapes), time.monotonic() - started)
+
     def _run(self, batch: int, queries: int, width: int) -> torch.Tensor:
         """The step of the first `batch` rows of the buffers, `queries` each, over `width` blocks: device work only."""
-        size, trash = self.cache.block_size, self.cache.trash_block
-        columns = width * size
         ids, positions, tables = _views(self._device, batch, queries, self.max_blocks)
         tables = tables[:, :width]
+        if queries > 1 or self._compiled is None:
+            return self._device_step(ids, positions, tables)
+        for tensor in (ids, positions, tables):  # one graph for every batch size and width
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        torch._dynamo.maybe_mark_dynamic(tables, 1)
+        compiled: torch.Tensor = self._compiled(ids, positions, tables)
+        return compiled
+
+    def _device_step(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """A step's device work from its inputs: token ids and positions `[batch, queries]` (position -1: a padding
+        query), block tables `[batch, width]`."""
+        batch, queries = ids.shape
+        size, trash = self.cache.block_size, self.cache.trash_block
+        columns = tables.shape[1] * size
         real = positions >= 0
         at = positions.clamp(min=0)  # padding queries: position 0 (they see their row's first column only)
         # Each query sees its row's columns up to its own position (its K/V is written before attention reads);
@@ -282,6 +324,13 @@ class FixedSteps:
         )
         with self.cache.running(plan):
             return self._forward(ids, at, mask)
+
+
+def _input_guards(entries: Sequence[Any]) -> list[bool]:
+    """Keeps the compiled step's guards on its inputs and on global state, dropping those on `self` (the model's
+    weights, the pool: fixed for its life): checking them took 0.6 ms a step. Safe only because each `FixedSteps`
+    compiles its own copy of the step's code, whose compiled graphs no other instance can reach."""
+    return [not entry.name.startswith("self") for entry in entries]
 
 
 def _views(buffer: Any, batch: int, queries: int, max_blocks: int) -> tuple[Any, Any, Any]:
