@@ -10,7 +10,7 @@ arithmetic alone outweighs the host at 16 rows and more). For each batch size, i
   same prompt, the mean over `--steps` forwards (no sampling: that baseline does less than a step of ours);
 - engine: the engine's whole decode step (`EngineCore.step`: forward over the paged K/V pool, sampling, detokenizing
   and bookkeeping), the mean over the steps that decode all rows; `--decode` names the step variants measured
-  (`step_breakdown.py`'s: grouped, fixed, buckets), interleaved, the first one reported as `engine_ms`.
+  (`step_breakdown.py`'s: grouped, fixed, buckets, compiled), interleaved, the first one reported as `engine_ms`.
 
 Example:
     python stress-test/host_cost.py --batch 1,16,64 --repeat 3
