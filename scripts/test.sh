@@ -25,6 +25,10 @@ fi
 if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
   apt_install haproxy "tests/e2e/test_failover.py runs replicas behind HAProxy with deploy/haproxy.cfg"
 fi
+# torch.compile's CPU kernels (--cpu-compile and its tests) are C++ built at run time.
+if ! command -v g++ >/dev/null && ! command -v c++ >/dev/null; then
+  apt_install g++ "torch.compile builds its CPU kernels with it (tests/unit/test_fixed_steps.py)"
+fi
 ruff check transformers_openai tests stress-test scripts
 mypy transformers_openai
 # -rs: each skipped test with its reason in the summary.

@@ -224,10 +224,11 @@ def load_serving_context(
     if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
         if model.device.type == "cuda" and runner.fix_steps(graphs=True):
             phases.done("CUDA graphs")
-        # A CPU compiles the decode step (batch sizes and widths symbolic); prompts keep the grouped eager prefill.
-        # Quantized layers keep their own kernels, eagerly.
+        # A CPU compiles the decode step when asked (batch sizes and widths symbolic); prompts keep the grouped eager
+        # prefill. Quantized layers keep their own kernels, eagerly.
         elif (
             model.device.type == "cpu"
+            and settings.cpu_compile
             and quantization == "none"
             and runner.fix_steps(graphs=False, compiled=True, prefills=False)
         ):
