@@ -15,7 +15,8 @@ from those buffers inside the step, so a step of a given shape is the same seque
 - on CUDA every bucket is captured once as a CUDA graph, all of them sharing one memory pool, and a step is one
   host-to-device copy, one graph replay and the logits it leaves (the newest token's of each row).
 
-Without graphs (a CPU, or `--enforce-eager`) the same steps run eagerly, at their exact shapes or padded.
+Without graphs (a CPU, or `--enforce-eager`) the same steps run eagerly, at their exact shapes or padded; with
+`--cpu-compile` a CPU's decode steps run compiled by `torch.compile` (`compile`).
 """
 
 from __future__ import annotations
