@@ -27,6 +27,9 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 RUN python -m pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "${TORCH_SPEC}"
+# The CPU image compiles its decode step at start (CPU_COMPILE): torch.compile builds C++ kernels with g++.
+RUN case "${TORCH_INDEX}" in *cpu*) apt-get update && apt-get install -y --no-install-recommends g++ \
+        && rm -rf /var/lib/apt/lists/* ;; esac
 
 WORKDIR /tmp/src
 COPY pyproject.toml README.md ./
@@ -48,7 +51,9 @@ RUN useradd --create-home --non-unique --uid "${APP_UID}" --user-group app \
     && mkdir -p /data/huggingface \
     && chown -R app:app /data
 
+# Compiled decode steps (CPU_COMPILE) are kept in the same volume as the models: a new container loads them.
 ENV HF_HOME=/data/huggingface \
+    COMPILE_CACHE_DIR=/data/huggingface/compiled-steps \
     TOKENIZERS_PARALLELISM=false \
     HOST=0.0.0.0 \
     PORT=7088

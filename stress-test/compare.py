@@ -268,7 +268,8 @@ async def closed_loop(
 def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
     model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
     if target == "server":
-        opts = f"--max-batch-size {args.max_batch_size} --dtype {args.dtype} --device {args.device}"
+        opts = f"--max-batch-size {args.max_batch_size}" if args.max_batch_size else ""
+        opts += f" --dtype {args.dtype} --device {args.device}"
         opts += f" --torch-threads {args.threads}"
         server = [sys.executable, "-m", "transformers_openai.main", "--model", model]
         return [*server, *listen, *opts.split(), *args.server_arg]
@@ -468,7 +469,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--concurrency", type=int_list, default="1,4,16", help="comma-separated levels (default: %(default)s)")
     add("--requests", type=int, default=0, help="requests per level (default: max(2*concurrency, 8))")
     add("--max-tokens", type=int, default=64, help="exact output tokens per request (default: %(default)s)")
-    add("--max-batch-size", type=int, default=16, help="for our server (default: %(default)s)")
+    add("--max-batch-size", type=int, default=0, help="for our server (default 0: the server's own default)")
     add("--device", choices=["cpu", "cuda"], default="cpu", help="where every target runs (default: %(default)s)")
     add("--dtype", choices=["float32", "bfloat16"], default="float32",
         help="every target's weights (default: %(default)s)")

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model.name,
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),
-        "max_batch_size": settings.max_batch_size,
+        "max_batch_size": settings.batch_rows("causal-lm"),
         "requests": f"{args.short} x {len(short)}-token prompts + 1 x {len(prompts[-1])}-token prompt, "
         f"{args.max_tokens} tokens each",
         "idle": idle,

@@ -9,6 +9,9 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Servers the tests start run their decode steps eagerly (compiling is minutes of a 2-core machine); the compiled
+# step has tests of its own (tests/unit/test_fixed_steps.py), and the quick start runs it as a new user does.
+os.environ.setdefault("CPU_COMPILE", "false")
 
 from tests.model_factory import (  # noqa: E402
     build_tiny_bert,

@@ -112,11 +112,12 @@ def embedding_context(
     runner.embed([tokenizer("warm up")["input_ids"]])  # oneDNN's first-call set-up; a model that cannot run fails now
     threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     # Requests in flight at most: --max-batch-size + --max-queue, as the generation engine admits them.
+    rows = settings.batch_rows("embedding")
     engine = EmbeddingEngine(
         runner,
-        max_rows=settings.max_batch_size,
+        max_rows=rows,
         max_tokens=settings.max_prefill_tokens,
-        max_requests=settings.max_batch_size + settings.max_queue,
+        max_requests=rows + settings.max_queue,
         threads=threads,
         forward_cost=CPU_FORWARD_COST_TOKENS if model.device.type == "cpu" else GPU_FORWARD_COST_TOKENS,
     )

@@ -43,6 +43,7 @@ from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.paged_step import StepExecutor
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
+from transformers_openai.runners.step_store import has_cxx_compiler
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.audio import warm_up_decoder
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
@@ -217,29 +218,27 @@ def load_serving_context(
         max_len,
     )
     kv_space = _kv_space(settings, model.device, ranks)
-    runner = spec.build_runner(model, settings.max_batch_size, max_len, max_input_len or max_len, kv_space)
+    runner = spec.build_runner(model, settings.batch_rows(kind), max_len, max_input_len or max_len, kv_space)
     if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
         runner.executor = leader.lead(runner.executor, ranks)
     phases.done("K/V cache")
     if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
         if model.device.type == "cuda" and runner.fix_steps(graphs=True):
             phases.done("CUDA graphs")
-        # A CPU compiles the decode step when asked (batch sizes and widths symbolic); prompts keep the grouped eager
-        # prefill. Quantized layers keep their own kernels, eagerly.
-        elif (
-            model.device.type == "cpu"
-            and settings.cpu_compile
-            and quantization == "none"
-            and runner.fix_steps(graphs=False, compiled=True, prefills=False)
-        ):
-            phases.done("compiling")
+        # A CPU compiles the decode step, or loads it as an earlier start compiled it (batch sizes and widths
+        # symbolic); prompts keep the grouped eager prefill. Quantized layers keep their own kernels, eagerly.
+        elif model.device.type == "cpu" and settings.cpu_compile and quantization == "none":
+            if not has_cxx_compiler():
+                logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
+            elif runner.fix_steps(graphs=False, compiled=True, prefills=False, store=settings.compile_cache_dir):
+                phases.done("compiled decode step")
     if runner.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
             kv_space.bytes / 2**20, runner.max_model_len, max_len,
         )
         max_len = runner.max_model_len
-    scheduler = Scheduler(settings.max_batch_size, settings.max_queue, settings.max_prefill_tokens)
+    scheduler = Scheduler(settings.batch_rows(kind), settings.max_queue, settings.max_prefill_tokens)
     detokenizer = engine_decoder(tokenizer)
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
@@ -304,7 +303,7 @@ def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
         settings, config, AutoModelForCausalLM, device, resolve_dtype(settings.dtype, device), ranks, StartupPhases()
     )
     kv_space = _kv_space(settings, model.device, ranks)
-    runner = CausalLMRunner(model, settings.max_batch_size, _text_context(model, settings.max_model_len), kv_space)
+    runner = CausalLMRunner(model, settings.batch_rows(kind), _text_context(model, settings.max_model_len), kv_space)
     return ranks, runner.executor
 
 

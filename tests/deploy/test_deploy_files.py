@@ -700,7 +700,7 @@ def test_compose_cli_interpolates_and_passes_through(compose: Any) -> None:
     for name in SERVER_SERVICES:
         env = services[name]["environment"]
         assert env["HF_MODEL"] == "org/model" and str(env["MAX_MODEL_LEN"]) == "2048"
-        assert env["HOST"] == "0.0.0.0" and str(env["MAX_BATCH_SIZE"]) == "16"
+        assert env["HOST"] == "0.0.0.0" and str(env["MAX_QUEUE"]) == "64"
         assert env.get("DEVICE_MAP") is None, "unset optional settings stay unset"
     assert services["cpu"]["environment"]["DEVICE"] == "cpu"
     assert int(services["replica"]["deploy"]["replicas"]) == 3

@@ -62,7 +62,9 @@ def fresh_copy(dest: Path) -> Path:
 def new_user_environment() -> dict[str, str]:
     """The environment of a shell outside any virtualenv; one torch thread, as every test on this machine."""
     venv_bin = str(Path(sys.prefix) / "bin")
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    # Not the tests' own settings either (tests/conftest.py: CPU_COMPILE): the server's defaults, as a new user has.
+    left_out = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CPU_COMPILE")
+    env = {k: v for k, v in os.environ.items() if k not in left_out}
     env["PATH"] = os.pathsep.join(part for part in env.get("PATH", "").split(os.pathsep) if part != venv_bin)
     env["PYTHON"] = getattr(sys, "_base_executable", sys.executable)
     env.update(TORCH_THREADS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")

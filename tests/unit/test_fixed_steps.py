@@ -1,16 +1,16 @@
 """Steps of fixed shapes (`runners/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
 outputs equal `generate()` alone, decode steps and prompts' prefills alike; slots never written cannot reach
 attention; a step too wide for the buckets is run by the grouped step instead; the CPU's compiled decode step is
-one graph for every batch. (CUDA graph capture itself needs a GPU: `stress-test/cuda_run.sh breakdown`.)"""
+two graphs for every batch, kept on disk between starts. (CUDA graph capture itself needs a GPU:
+`stress-test/cuda_run.sh breakdown`.)"""
 
 from __future__ import annotations
 
-import shutil
+import logging
 from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from transformers_openai.engine.core import EngineCore
@@ -21,6 +21,7 @@ from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.block_pool import NULL_BLOCK
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
+from transformers_openai.runners.step_store import has_cxx_compiler
 
 torch.set_num_threads(1)
 
@@ -162,38 +163,53 @@ def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:
 
 
 @pytest.mark.skipif(
-    not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
-    reason="torch.compile's CPU kernels need a C++ compiler (scripts/test.sh installs g++ where it can)",
+    not has_cxx_compiler(), reason="torch.compile's CPU kernels need a C++ compiler (scripts/test.sh installs g++)"
 )
 @pytest.mark.parametrize("weights", ["plain", "packed"])
-def test_compiled_decode_under_batching_matches_generate(tiny_llama_dir, tokenizer, prompts, weights) -> None:  # type: ignore[no-untyped-def]
-    """The CPU server's decode step: compiled once, then every batch size and width (rows joining and leaving)
-    runs that one graph; prompts keep the grouped eager prefill. Packed (oneDNN) weights reach the graph through
-    their own operator."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    if weights == "packed" and not pack_linear_layers(model):
-        pytest.skip("this CPU or torch build cannot pack weights for oneDNN")
-    expected = [
-        model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)[
-            0, len(p) :
-        ].tolist()
-        for p in prompts
-    ]
-    runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
-    assert runner.fix_steps(graphs=False, compiled=True, prefills=False)
-    fixed = runner.fixed
-    assert fixed is not None
-    graphs = counters["stats"]["unique_graphs"]
-    taken = {"decode": 0, "prefill": 0}
-    for name in taken:
-        method = getattr(fixed, name)
+def test_compiled_decode_under_batching_matches_generate(
+    tiny_llama_dir, tokenizer, prompts, weights, tmp_path, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """The CPU server's decode step: compiled at a first start and kept on disk, then loaded by the next start with
+    nothing compiled; either way its two graphs (one row; two rows or more) run every decode step, whatever the
+    batch size and width as rows join and leave, and prompts keep the grouped eager prefill. Packed (oneDNN) weights
+    reach the graph through their own operator."""
+    expected = None
+    for how in ("compiled", "loaded"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+        if weights == "packed" and not pack_linear_layers(model):
+            pytest.skip("this CPU or torch build cannot pack weights for oneDNN")
+        if expected is None:
+            expected = [
+                model.generate(
+                    torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+                )[0, len(p) :].tolist()
+                for p in prompts
+            ]
+        runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="transformers_openai.runners.fixed_steps"):
+            assert runner.fix_steps(graphs=False, compiled=True, prefills=False, store=tmp_path)
+        assert f"{how} 1/2 decode step graphs" in caplog.text and f"{how} 2/2" in caplog.text, caplog.text
+        fixed = runner.fixed
+        assert fixed is not None
+        taken = {"decode": 0, "prefill": 0, "compiled": 0}
+        for name in ("decode", "prefill"):
+            method = getattr(fixed, name)
 
-        def counted(*args, name=name, method=method):  # type: ignore[no-untyped-def]
-            out = method(*args)
-            taken[name] += out is not None
-            return out
+            def counted(*args, name=name, method=method, taken=taken):  # type: ignore[no-untyped-def]
+                out = method(*args)
+                taken[name] += out is not None
+                return out
 
-        setattr(fixed, name, counted)
-    assert drive(runner, tokenizer, prompts, every=1) == expected
-    assert taken["prefill"] == 0 and taken["decode"] > NEW_TOKENS
-    assert counters["stats"]["unique_graphs"] == graphs  # no graph compiled beyond the one at start
+            setattr(fixed, name, counted)
+        for rows, step in list(fixed._compiled.items()):
+
+            def compiled(*args, step=step, taken=taken):  # type: ignore[no-untyped-def]
+                taken["compiled"] += 1
+                return step(*args)
+
+            fixed._compiled[rows] = compiled
+        assert drive(runner, tokenizer, prompts, every=1) == expected
+        assert taken["prefill"] == 0 and taken["decode"] > NEW_TOKENS
+        assert taken["compiled"] == taken["decode"]  # every decode step ran one of the two graphs
+    assert len(list(tmp_path.glob("decode-*.bin"))) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -55,11 +56,17 @@ class CausalLMRunner(OneByOnePrefill):
 
     @torch.inference_mode()
     def fix_steps(
-        self, graphs: bool, buckets: bool | None = None, compiled: bool = False, prefills: bool = True
+        self,
+        graphs: bool,
+        buckets: bool | None = None,
+        compiled: bool = False,
+        prefills: bool = True,
+        store: Path | None = None,
     ) -> bool:
         """Decode steps, and prefills of short prompts when `prefills`, from now on run from persistent buffers
         (`fixed_steps.py`): as CUDA graphs captured here when `graphs`, else eagerly or, when `compiled`, decode
-        steps compiled here by `torch.compile`; padded to buckets when `buckets` (default: as graphs are). Only for
+        steps compiled by `torch.compile` (kept in `store` between starts); padded to buckets when `buckets`
+        (default: as graphs are). Only for
         plain causal attention run by this process's own executor (not under tensor parallelism); False where it
         does not apply, or where the graphs could not be captured or compiled (steps then run as before)."""
         if not self._grouped or not isinstance(self.executor, PagedStep):
@@ -74,7 +81,7 @@ class CausalLMRunner(OneByOnePrefill):
         )
         try:
             if compiled:
-                fixed.compile()
+                fixed.compile(store, self._layout())
             if graphs:
                 fixed.capture()
         except Exception:  # e.g. a quantized layer's kernel that cannot be captured: eager steps still serve
@@ -83,6 +90,16 @@ class CausalLMRunner(OneByOnePrefill):
             return False
         self.fixed = fixed
         return True
+
+    def _layout(self) -> list[str]:
+        """What a compiled step depends on in the model: its configuration and its weights' types, shapes, dtypes
+        and layouts (oneDNN-packed or not)."""
+        modules = [f"{name}:{type(module).__name__}" for name, module in self.model.named_modules()]
+        tensors = [
+            f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.layout}"
+            for name, tensor in (*self.model.named_parameters(), *self.model.named_buffers())
+        ]
+        return [self.model.config.to_json_string(), *modules, *tensors]
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len

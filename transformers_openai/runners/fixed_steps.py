@@ -15,16 +15,16 @@ from those buffers inside the step, so a step of a given shape is the same seque
 - on CUDA every bucket is captured once as a CUDA graph, all of them sharing one memory pool, and a step is one
   host-to-device copy, one graph replay and the logits it leaves (the newest token's of each row).
 
-Without graphs (a CPU, or `--enforce-eager`) the same steps run eagerly, at their exact shapes or padded; with
-`--cpu-compile` a CPU's decode steps run compiled by `torch.compile` (`compile`).
+Without graphs (a CPU, or `--enforce-eager`) the same steps run eagerly, at their exact shapes or padded; on a CPU
+decode steps run compiled by `torch.compile` (`compile`, `--cpu-compile`), kept on disk between starts.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ import torch
 from transformers_openai.packed_linear import register_compilable_op
 from transformers_openai.runners.block_pool import NULL_BLOCK, BlockTable
 from transformers_openai.runners.paged_cache import AttentionGroup, PagedKVCache, StepPlan
+from transformers_openai.runners.step_store import compiled_step, store_key
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class FixedSteps:
         # The last copy out of the pinned staging buffer: the buffer is not rewritten before it has run (two
         # prefills of one engine step are staged with no synchronisation between them).
         self._copied = torch.cuda.Event() if device.type == "cuda" else None  # type: ignore[no-untyped-call]
-        self._compiled: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # The compiled decode steps (`compile`) of one row, and of two rows or more (key 2).
+        self._compiled: dict[int, Callable[..., torch.Tensor]] = {}
         self._least_width = 1  # the fewest blocks a decode step runs over (`compile`)
 
     def decode(self, slots: Sequence[int], tables: Sequence[BlockTable], tokens: Sequence[int]) -> torch.Tensor | None:
@@ -264,36 +266,43 @@ class FixedSteps:
         self.replays += 1
         return logits
 
-    def compile(self) -> None:
-        """Decode steps from now on run compiled (`torch.compile`, inductor), compiled here on padding steps, with
-        progress in the log.
+    def compile(self, store: Path | None = None, model_key: Sequence[str] = ()) -> None:
+        """Decode steps from now on run compiled (`torch.compile`, inductor), with progress in the log: loaded from
+        `store` where an earlier start left them (`step_store.py`; `model_key` names the model and its weights'
+        layout), else compiled here on padding steps (minutes) and stored there.
 
         Batch size and width are symbolic, so one graph serves every step of two rows or more. The compiler
         specialises sizes of 1: a step of one row gets a graph of its own (padding it to two rows cost 8% of its
         time), while widths are padded to at least two blocks (a graph is 40-60 s of compiling on two cores)."""
         register_compilable_op()
-        own = types.FunctionType(FixedSteps._device_step.__code__.replace(), globals())  # a cache of its own
-        options: dict[str, Any] = {"guard_filter_fn": _input_guards}
-        self._compiled = torch.compile(types.MethodType(own, self), dynamic=False, options=options)
         width = self._least_width = min(2, self.max_blocks)
+        sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
         started = time.monotonic()
         shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
+        steps = {}  # kept apart until all are compiled: each graph's guards see this object as at the first
         for done, shape in enumerate(shapes, 1):
             self._grid(*shape)  # every row a padding row: reads and writes the trash block
-            self._run(*shape)
-            logger.info("compiled %d/%d decode step graphs (%.1f s)", done, len(shapes), time.monotonic() - started)
+            example = (self, *self._inputs(*shape))
+            # Symbolic: the width (argument 3, dim 1) and, for two rows or more, the batch (dim 0 of every input).
+            dynamic = [(3, 1)] + ([(1, 0), (2, 0), (3, 0)] if shape[0] > 1 else [])
+            key = store_key([*model_key, sizes, f"decode, {min(shape[0], 2)} rows or more"])
+            path = None if store is None else store / f"decode-{key}.bin"
+            steps[shape[0]], loaded = compiled_step(FixedSteps._device_step, example, dynamic, path)
+            steps[shape[0]](*example)
+            what = "loaded" if loaded else "compiled"
+            logger.info("%s %d/%d decode step graphs (%.1f s)", what, done, len(shapes), time.monotonic() - started)
+        self._compiled = steps
+
+    def _inputs(self, batch: int, queries: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs of the step of the first `batch` rows of the buffers, `queries` each, over `width` blocks."""
+        ids, positions, tables = _views(self._device, batch, queries, self.max_blocks)
+        return ids, positions, tables[:, :width]
 
     def _run(self, batch: int, queries: int, width: int) -> torch.Tensor:
         """The step of the first `batch` rows of the buffers, `queries` each, over `width` blocks: device work only."""
-        ids, positions, tables = _views(self._device, batch, queries, self.max_blocks)
-        tables = tables[:, :width]
-        if queries > 1 or self._compiled is None:
-            return self._device_step(ids, positions, tables)
-        for tensor in (ids, positions, tables):  # one graph for every batch size and width
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        torch._dynamo.maybe_mark_dynamic(tables, 1)
-        compiled: torch.Tensor = self._compiled(ids, positions, tables)
-        return compiled
+        inputs = self._inputs(batch, queries, width)
+        compiled = self._compiled.get(min(batch, 2)) if queries == 1 else None
+        return self._device_step(*inputs) if compiled is None else compiled(self, *inputs)
 
     def _device_step(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """A step's device work from its inputs: token ids and positions `[batch, queries]` (position -1: a padding
@@ -325,13 +334,6 @@ class FixedSteps:
         )
         with self.cache.running(plan):
             return self._forward(ids, at, mask)
-
-
-def _input_guards(entries: Sequence[Any]) -> list[bool]:
-    """Keeps the compiled step's guards on its inputs and on global state, dropping those on `self` (the model's
-    weights, the pool: fixed for its life): checking them took 0.6 ms a step. Safe only because each `FixedSteps`
-    compiles its own copy of the step's code, whose compiled graphs no other instance can reach."""
-    return [not entry.name.startswith("self") for entry in entries]
 
 
 def _views(buffer: Any, batch: int, queries: int, max_blocks: int) -> tuple[Any, Any, Any]:

@@ -1,0 +1,115 @@
+"""Compiled steps kept on disk between starts: `torch.compile`'s ahead-of-time compile (`aot_compile`), saved once
+and loaded by later starts in a second or two where compiling takes minutes.
+
+A stored step is found by a key over everything its compiled code depends on that its guards do not check: the
+versions of torch and transformers, this package's source, the CPU's instruction set and what the caller names (the
+model's configuration, its weights' layout, the step's sizes). Its guards then check the rest on load (the shapes,
+strides and dtypes of the weights, the K/V pool and the step's buffers), once: a step whose guards fail is compiled
+anew and stored over the old one. Calls skip the guards: the caller only ever passes inputs of the compiled layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._dynamo.guards import CheckFunctionManager
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def has_cxx_compiler() -> bool:
+    """Whether inductor's CPU kernels can be built here ($CXX, else g++ or clang++)."""
+    named = os.environ.get("CXX")
+    return any(shutil.which(name) for name in ([named] if named else []) + ["g++", "c++", "clang++"])
+
+
+def store_key(parts: Iterable[str]) -> str:
+    """The key of a stored step: the caller's `parts` with the versions, this package's source and the CPU's
+    instruction set."""
+    digest = hashlib.sha256()
+    for part in (torch.__version__, metadata.version("transformers"), platform.machine(), _cpu_flags(), *parts):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    for source in sorted(PACKAGE.rglob("*.py")):
+        digest.update(source.relative_to(PACKAGE).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _cpu_flags() -> str:
+    """The instruction-set flags of this CPU (Linux; elsewhere torch's own summary of them)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def compiled_step(
+    fn: Callable[..., torch.Tensor],
+    example: Sequence[Any],
+    dynamic: Sequence[tuple[int, int]],
+    path: Path | None,
+) -> tuple[Callable[..., torch.Tensor], bool]:
+    """`fn` compiled for calls like `example` (dims `(argument, dim)` of `dynamic` symbolic): loaded from `path`
+    when a step stored there passes its guards on `example`, else compiled here (minutes) and stored there. True
+    when loaded."""
+    if path is not None and path.exists():
+        try:
+            with path.open("rb") as stored:
+                loaded: Any = torch.compiler.load_compiled_function(stored, f_globals=fn.__globals__)
+            if loaded.guard_check(*example):
+                loaded.disable_guard_check()
+                return loaded, True
+            failed = loaded._artifacts.guard_manager.check_verbose(loaded.prepare_f_locals(*example))
+            logger.info(
+                "the step in %s was compiled for other inputs (%s): compiling anew", path, failed.verbose_code_parts
+            )
+        except Exception:  # a file cut short, or written by an incompatible build
+            logger.warning("could not load the compiled step in %s: compiling anew", path, exc_info=True)
+    # Marked on aliases of their own (same strides and offsets): the caller's tensors stay unmarked (a loaded step's
+    # guards reject marked ones).
+    inputs = [value[...] if isinstance(value, torch.Tensor) else value for value in example]
+    for argument, dim in dynamic:
+        torch._dynamo.maybe_mark_dynamic(inputs[argument], dim)  # sizes of 1 stay specialised
+    options: dict[str, Any] = {"guard_filter_fn": _storable_guards}
+    compiler: Any = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
+    compiled = compiler.aot_compile((tuple(inputs), {}))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            compiled.save_compiled_function(str(path))
+        except (OSError, RuntimeError):
+            logger.warning("could not store the compiled step in %s: the next start compiles it again", path)
+    compiled.disable_guard_check()
+    return compiled, False
+
+
+def _storable_guards(entries: Sequence[Any]) -> list[bool]:
+    """The guards a stored step can keep: not those on globals (functions and classes, as the key's versions pin
+    them), not the kinds torch cannot store (object identities), not those on oneDNN-packed weights (their layout
+    has no storable description; the key names it)."""
+    unstorable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [
+        not (
+            entry.is_global
+            or entry.guard_type in unstorable
+            or any(kind in unstorable for kind in entry.derived_guard_types)
+            or (entry.has_value and isinstance(entry.value, torch.Tensor) and entry.value.layout != torch.strided)
+        )
+        for entry in entries
+    ]
