@@ -279,13 +279,15 @@ class FixedSteps:
         sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
         started = time.monotonic()
         shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
-        steps = {}  # kept apart until all are compiled: each graph's guards see this object as at the first
+        # Kept apart until both are made: the second graph's guards on `self` would take in the first (which cannot
+        # be stored), and a later start, loading it, would not see this object as it was when it was compiled.
+        steps = {}
         for done, shape in enumerate(shapes, 1):
             self._grid(*shape)  # every row a padding row: reads and writes the trash block
             example = (self, *self._inputs(*shape))
             # Symbolic: the width (argument 3, dim 1) and, for two rows or more, the batch (dim 0 of every input).
             dynamic = [(3, 1)] + ([(1, 0), (2, 0), (3, 0)] if shape[0] > 1 else [])
-            key = store_key([*model_key, sizes, f"decode, {min(shape[0], 2)} rows or more"])
+            key = store_key([*model_key, sizes, "decode, one row" if shape[0] == 1 else "decode, two rows or more"])
             path = None if store is None else store / f"decode-{key}.bin"
             steps[shape[0]], loaded = compiled_step(FixedSteps._device_step, example, dynamic, path)
             steps[shape[0]](*example)
