@@ -77,7 +77,7 @@ class Settings(BaseSettings):
         True,
         description="On a CPU, run a plain causal decoder's decode steps compiled by torch.compile (inductor's C++ "
         "kernels: 10-30% shorter steps; without a C++ compiler they run eagerly). The first start compiles two "
-        "graphs, 100-130 s on two cores, and keeps them in --compile-cache-dir; later starts load them in 1-3 s.",
+        "graphs, 100-130 s on two cores, and keeps them in --compile-cache-dir; later starts load them in 2-3 s.",
     )
     compile_cache_dir: Path = Field(
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",

@@ -66,9 +66,9 @@ class CausalLMRunner(OneByOnePrefill):
         """Decode steps, and prefills of short prompts when `prefills`, from now on run from persistent buffers
         (`fixed_steps.py`): as CUDA graphs captured here when `graphs`, else eagerly or, when `compiled`, decode
         steps compiled by `torch.compile` (kept in `store` between starts); padded to buckets when `buckets`
-        (default: as graphs are). Only for
-        plain causal attention run by this process's own executor (not under tensor parallelism); False where it
-        does not apply, or where the graphs could not be captured or compiled (steps then run as before)."""
+        (default: as graphs are). Only for plain causal attention run by this process's own executor (not under
+        tensor parallelism); False where it does not apply, or where the graphs could not be captured or compiled
+        (steps then run as before)."""
         if not self._grouped or not isinstance(self.executor, PagedStep):
             return False
         pool = self._rows.pool
