@@ -218,7 +218,8 @@ def load_serving_context(
         max_len,
     )
     kv_space = _kv_space(settings, model.device, ranks)
-    runner = spec.build_runner(model, settings.batch_rows(kind), max_len, max_input_len or max_len, kv_space)
+    rows = settings.batch_rows(kind)
+    runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
     if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
         runner.executor = leader.lead(runner.executor, ranks)
     phases.done("K/V cache")
@@ -238,7 +239,7 @@ def load_serving_context(
             kv_space.bytes / 2**20, runner.max_model_len, max_len,
         )
         max_len = runner.max_model_len
-    scheduler = Scheduler(settings.batch_rows(kind), settings.max_queue, settings.max_prefill_tokens)
+    scheduler = Scheduler(rows, settings.max_queue, settings.max_prefill_tokens)
     detokenizer = engine_decoder(tokenizer)
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1

@@ -277,6 +277,7 @@ class FixedSteps:
         register_compilable_op()
         width = self._least_width = min(2, self.max_blocks)
         sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
+        key = store_key([*model_key, sizes])
         started = time.monotonic()
         shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
         # Kept apart until both are made: the second graph's guards on `self` would take in the first (which cannot
@@ -287,8 +288,7 @@ class FixedSteps:
             example = (self, *self._inputs(*shape))
             # Symbolic: the width (argument 3, dim 1) and, for two rows or more, the batch (dim 0 of every input).
             dynamic = [(3, 1)] + ([(1, 0), (2, 0), (3, 0)] if shape[0] > 1 else [])
-            key = store_key([*model_key, sizes, "decode, one row" if shape[0] == 1 else "decode, two rows or more"])
-            path = None if store is None else store / f"decode-{key}.bin"
+            path = None if store is None else store / f"decode-{min(shape[0], 2)}-{key}.bin"  # 2: two rows or more
             steps[shape[0]], loaded = compiled_step(FixedSteps._device_step, example, dynamic, path)
             steps[shape[0]](*example)
             what = "loaded" if loaded else "compiled"
