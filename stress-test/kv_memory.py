@@ -6,8 +6,8 @@ flags say otherwise), each generating `--max-tokens` tokens (`ignore_eos`). It r
 
 Reported: resident memory (RSS) idle after loading and its peak during the run (CPU), and on CUDA
 `torch.cuda.max_memory_allocated` after loading and during the run; an estimate of the K/V the live tokens
-need (layers x 2 x K/V heads x head dim x bytes x tokens at the peak), to compare with what the cache holds; and,
-where the runner has a paged K/V pool, its size and the most blocks held at once, and the preemptions.
+need (layers x 2 x K/V heads x head dim x bytes x tokens at the peak), to compare with what the cache holds; and
+the K/V pool, its size and the most blocks held at once, and the preemptions.
 
 Example:
     python stress-test/kv_memory.py --model .cache/models/smollm2-135m-instruct
@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         core.step()
         running = core.scheduler.running.values()
         live_peak = max(live_peak, sum(seq.prompt_len + len(seq.output_ids) for seq in running))
-        if hasattr(runner, "kv_usage"):
-            blocks_peak = max(blocks_peak, runner.kv_usage().blocks_used)
+        blocks_peak = max(blocks_peak, core.kv.usage().blocks_used)
         preemptions = max(preemptions, max((seq.preemptions for seq in running), default=0))
     elapsed = time.perf_counter() - start
     report: dict[str, Any] = {
@@ -107,17 +106,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "live_kv_gb_at_peak": round(live_peak * kv_bytes_per_token(model) / 1e9, 3),
         "seconds": round(elapsed, 1),
     }
-    if hasattr(runner, "kv_usage"):
-        usage = runner.kv_usage()
-        block_size = settings.kv_block_size
-        report["kv_pool"] = {
-            "blocks": usage.blocks_total,
-            "block_size": block_size,
-            "gb": round(usage.blocks_total * block_size * kv_bytes_per_token(model) / 1e9, 3),
-            "peak_blocks_used": blocks_peak,
-            "peak_gb_used": round(blocks_peak * block_size * kv_bytes_per_token(model) / 1e9, 3),
-            "most_preemptions_of_one_request": preemptions,
-        }
+    usage = core.kv.usage()
+    block_size = settings.kv_block_size
+    report["kv_pool"] = {
+        "blocks": usage.blocks_total,
+        "block_size": block_size,
+        "gb": round(usage.blocks_total * block_size * kv_bytes_per_token(model) / 1e9, 3),
+        "peak_blocks_used": blocks_peak,
+        "peak_gb_used": round(blocks_peak * block_size * kv_bytes_per_token(model) / 1e9, 3),
+        "most_preemptions_of_one_request": preemptions,
+    }
     if cuda:
         report["cuda_max_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
     return report

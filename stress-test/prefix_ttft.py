@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         turn = prompt([*history, {"role": "assistant", "content": "Logged."},
                        {"role": "user", "content": "Which pier was checked last?"}])
         cold_time = first_token_ms(core, EngineRequest(f"cold{round_}", cold, params))
-        hits_before = core.runner.kv_usage().prefix_hits
+        hits_before = core.kv.usage().prefix_hits
         cached_time = first_token_ms(core, EngineRequest(f"turn{round_}", turn, params))
-        reused = core.runner.kv_usage().prefix_hits - hits_before
+        reused = core.kv.usage().prefix_hits - hits_before
         if round_:
             cold_ms.append(cold_time)
             cached_ms.append(cached_time)

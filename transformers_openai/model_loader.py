@@ -40,7 +40,7 @@ from transformers_openai.parallel.ranks import Ranks, join_ranks
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.paged_rows import KVSpace
+from transformers_openai.runners.kv_pool import KVSpace
 from transformers_openai.runners.paged_step import StepExecutor
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.step_store import has_cxx_compiler

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from transformers_openai.runners.block_pool import NULL_BLOCK, BlockPool, BlockTable
+from transformers_openai.engine.block_pool import BlockPool
+from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
 
 SIZE = 4
 

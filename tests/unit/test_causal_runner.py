@@ -151,11 +151,11 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
     assert chunked_core.runner.rows_in_use() == 1
     partial = chunked_core.scheduler.prefilling[long.request_id].prefill
     assert partial.kv is not None and partial.done == 28  # its blocks, reserved for the whole prompt, 4 chunks in
-    held = chunked_core.runner.kv_usage().blocks_used
+    held = chunked_core.kv.usage().blocks_used
     assert held == 1 + -(-61 // 16)  # the short row's block and the long prompt's (and its first token's)
     assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
-    assert partial.kv is None  # the runner gave its blocks back
-    assert chunked_core.runner.kv_usage().blocks_used == 1
+    assert partial.kv is None  # the K/V manager took its blocks back
+    assert chunked_core.kv.usage().blocks_used == 1
     assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1
 
 
@@ -298,9 +298,10 @@ def test_identical_prompts_share_one_prefill_and_each_row_decodes_alone(model, t
 
 def test_batched_prefill_gives_each_prompt_its_own_logits_and_cache(model, requests) -> None:
     """Numerically, not only greedily (the tiny model's argmax hardly depends on positions)."""
+    from tests.runner_driver import RunnerDriver
     from transformers_openai.runners.base import PrefillJob
 
-    runner = CausalLMRunner(model, max_rows=10, max_model_len=512)
+    runner = RunnerDriver(CausalLMRunner(model, max_rows=10, max_model_len=512))
     prompts = [list(r.prompt_token_ids) for r in requests]
     results = runner.prefill_batch([(PrefillJob(ids), 4096) for ids in prompts])
     slots = {}

@@ -3,7 +3,6 @@ that request alone, and the healthy requests around it finish with the same toke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest, FinishReason
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.runners.base import KVUsage, OneByOnePrefill, PrefillJob
+from transformers_openai.runners.base import DecodeRows, OneByOnePrefill, PrefillJob
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -39,6 +38,7 @@ class FaultyRunner(OneByOnePrefill):
         self.poisoned_slot: int | None = None
         self.max_rows, self.max_model_len = inner.max_rows, inner.max_model_len
         self.logits_processors = inner.logits_processors
+        self.kv_pool = inner.kv_pool
         self.probes = 0
 
     def output_limit(self, prompt_len: int) -> int:
@@ -47,14 +47,8 @@ class FaultyRunner(OneByOnePrefill):
     def prefill_overhead(self, job: PrefillJob) -> int:
         return self.inner.prefill_overhead(job)
 
-    def reserve(self, job: PrefillJob) -> bool:
-        return self.inner.reserve(job)
-
-    def grow(self) -> bool:
-        return self.inner.grow()
-
-    def kv_usage(self) -> KVUsage:
-        return self.inner.kv_usage()
+    def decoder_prompt(self, job: PrefillJob) -> list[int]:
+        return self.inner.decoder_prompt(job)
 
     def discard(self, job: PrefillJob) -> None:
         self.inner.discard(job)
@@ -68,14 +62,14 @@ class FaultyRunner(OneByOnePrefill):
             self.poisoned_slot = result[0]
         return result
 
-    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
-        self._maybe_fail(last_tokens)
-        return self.inner.decode(last_tokens)
+    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
+        self._maybe_fail(rows)
+        return self.inner.decode(rows)
 
-    def probe(self, last_tokens: Mapping[int, int]) -> None:
+    def probe(self, rows: DecodeRows) -> None:
         self.probes += 1
-        self._maybe_fail(last_tokens)
-        self.inner.probe(last_tokens)
+        self._maybe_fail(rows)
+        self.inner.probe(rows)
 
     def release(self, slot: int) -> None:
         if slot == self.poisoned_slot:
@@ -85,8 +79,8 @@ class FaultyRunner(OneByOnePrefill):
     def rows_in_use(self) -> int:
         return self.inner.rows_in_use()
 
-    def _maybe_fail(self, last_tokens: Mapping[int, int]) -> None:
-        if self.fail_in == "decode" and self.poisoned_slot in last_tokens:
+    def _maybe_fail(self, rows: DecodeRows) -> None:
+        if self.fail_in == "decode" and self.poisoned_slot in rows:
             raise Injected("decode")
 
 
@@ -213,11 +207,11 @@ def test_a_step_failure_no_single_row_causes_ends_the_step_rows_and_the_engine_g
     calls = {"n": 0}
     real_decode = runner.decode
 
-    def fails_once_as_a_batch(last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
+    def fails_once_as_a_batch(rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
         calls["n"] += 1
         if calls["n"] == 2:
             raise Injected("the whole step")
-        return real_decode(last_tokens)
+        return real_decode(rows)
 
     runner.decode = fails_once_as_a_batch  # type: ignore[method-assign]
     first = run(core, healthy_requests(prompt_ids))

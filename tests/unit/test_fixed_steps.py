@@ -18,7 +18,7 @@ from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.packed_linear import pack_linear_layers
-from transformers_openai.runners.block_pool import NULL_BLOCK
+from transformers_openai.runners.block_table import NULL_BLOCK
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
 from transformers_openai.runners.step_store import has_cxx_compiler
@@ -60,8 +60,9 @@ def reference(model, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def
     return out
 
 
-def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """Adds a request every `every` steps to an engine over `runner`; each request's greedy tokens."""
+def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2, usage=None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Adds a request every `every` steps to an engine over `runner`; each request's greedy tokens (`usage`, a list,
+    receives the K/V manager's usage at the end)."""
     core = EngineCore(runner, tokenizer, Scheduler(max_running=runner.max_rows, max_waiting=32), frozenset())
     params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
@@ -74,7 +75,9 @@ def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: in
             assert output.error is None, output.error
             tokens[output.request_id].extend(output.token_ids)
         step += 1
-    assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
+    if usage is not None:
+        usage.append(core.kv.usage())
     return [tokens[f"r{i}"] for i in range(len(prompts))]
 
 
@@ -119,7 +122,7 @@ def test_slots_never_written_do_not_reach_attention(model, tokenizer, prompts, r
     step read the zero block instead, so nothing changes."""
     runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
     assert runner.fix_steps(graphs=False, buckets=True)
-    cache = runner._rows.cache
+    cache = runner._pool.cache
     size = cache.block_size
     for pool in (*cache._k, *cache._v):
         pool[:, (NULL_BLOCK + 1) * size : cache.trash_block * size] = float("nan")
@@ -151,8 +154,9 @@ def test_a_cached_prefix_is_followed_by_a_fixed_prefill_of_the_rest(model, token
     assert runner.fix_steps(graphs=False, buckets=True)
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     twice = [prompts[longest], prompts[longest]]
-    assert drive(runner, tokenizer, twice, every=NEW_TOKENS + 2) == [reference[longest]] * 2
-    assert runner.kv_usage().prefix_hits >= 16
+    usage: list = []
+    assert drive(runner, tokenizer, twice, every=NEW_TOKENS + 2, usage=usage) == [reference[longest]] * 2
+    assert usage[0].prefix_hits >= 16
 
 
 def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:

@@ -70,6 +70,19 @@ def test_engine_and_runners_do_not_import_http_layers(path: Path) -> None:
     assert bad == [], f"{path.relative_to(ROOT)} imports {bad}"
 
 
+RUNNERS = sorted((PACKAGE / "runners").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", RUNNERS, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_runners_do_not_import_the_engine(path: Path) -> None:
+    """The engine drives the runners, never the reverse: K/V blocks are handed out by the engine's K/V manager, and
+    a runner that imported the block pool could allocate them itself."""
+    bad = sorted(
+        m for m in imports_of(path) if m == "transformers_openai.engine" or m.startswith("transformers_openai.engine.")
+    )
+    assert bad == [], f"{path.relative_to(ROOT)} imports {bad}"
+
+
 # Wraps torch.cuda's entry points and records any call made from this project's code during the import.
 IMPORT_MAIN = """
 import sys, traceback, torch

@@ -15,9 +15,9 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.parallel.lockstep import CopySlots, Forward, LockstepExecutor, Stop, follow
 from transformers_openai.parallel.ranks import Ranks
-from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.paged_rows import KVSpace
+from transformers_openai.runners.kv_pool import KVSpace
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,7 @@ def model(tiny_llama_dir: Path):
 
 def zeroed_runner(model) -> CausalLMRunner:  # type: ignore[no-untyped-def]
     runner = CausalLMRunner(model, max_rows=4, max_model_len=256, kv=KVSpace(bytes=2**20, block_size=4))
-    for pool in (*runner._rows.cache._k, *runner._rows.cache._v):
+    for pool in (*runner._pool.cache._k, *runner._pool.cache._v):
         pool.zero_()  # an `empty` pool: unwritten slots hold whatever was there
     return runner
 
@@ -72,13 +72,13 @@ def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: 
     follow(follower.executor, channel)
     assert channel.messages == []
     for mine, theirs in zip(
-        (*leader._rows.cache._k, *leader._rows.cache._v),
-        (*follower._rows.cache._k, *follower._rows.cache._v),
+        (*leader._pool.cache._k, *leader._pool.cache._v),
+        (*follower._pool.cache._k, *follower._pool.cache._v),
         strict=True,
     ):
         assert torch.equal(mine, theirs)
-    assert follower.rows_in_use() == 0 and follower._rows.pool.used == 0  # the follower never held a row
-    assert leader.rows_in_use() == 0 and leader._rows.pool.used == 0
+    assert follower.rows_in_use() == 0  # the follower never held a row (nor any block: it has no K/V manager)
+    assert leader.rows_in_use() == 0 and core.kv.usage().blocks_used == 0
 
 
 def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +89,7 @@ def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:  # type: ignore
     with pytest.raises(IndexError):
         follow(follower.executor, channel)
     assert channel.messages == [Stop()]  # it did not go on to the next call
-    cache = follower._rows.cache
+    cache = follower._pool.cache
     assert torch.equal(cache._k[0][:, 8], cache._k[0][:, 4])  # the call before the failure ran
 
 

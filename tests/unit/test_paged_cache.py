@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformers_openai.runners.block_pool import BlockPool, BlockTable
+from transformers_openai.engine.block_pool import BlockPool
+from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.paged_cache import KVGeometry, PagedKVCache
 
 torch.set_num_threads(1)

@@ -16,7 +16,7 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import NullObserver, StepStats
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.paged_rows import KVSpace, self_attention_geometry
+from transformers_openai.runners.kv_pool import KVSpace, self_attention_geometry
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
@@ -97,7 +97,7 @@ def test_decoder_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llam
     assert tokens == {r.request_id: llama_reference(llama, r.prompt_token_ids) for r in requests}
     assert observer.preemptions > 0
     assert max(s.kv.blocks_used for s in observer.stats if s.kv) <= 14
-    assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
 
 
 def test_a_prompt_whose_start_is_cached_prefills_only_the_rest(llama, llama_tokenizer) -> None:
@@ -106,7 +106,7 @@ def test_a_prompt_whose_start_is_cached_prefills_only_the_rest(llama, llama_toke
     history = list(range(30, 53))  # 23 tokens: 5 full blocks of 4
     first = EngineRequest("first", history, greedy(4))
     run(core, [first])
-    assert runner.kv_usage().prefix_hits == 0
+    assert core.kv.usage().prefix_hits == 0
     turn = [*history, 7, 8, 9]
     widths: list[int] = []
     hook = llama.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
@@ -114,7 +114,7 @@ def test_a_prompt_whose_start_is_cached_prefills_only_the_rest(llama, llama_toke
         tokens = run(core, [EngineRequest("second", turn, greedy(4))])
     finally:
         hook.remove()
-    usage = runner.kv_usage()
+    usage = core.kv.usage()
     assert usage.prefix_hits == 20 and usage.prefix_queries == len(history) + len(turn)
     assert widths[0] == len(turn) - 20  # the prefill forward saw only the uncached tokens
     assert tokens["second"] == llama_reference(llama, turn, 4)
@@ -128,7 +128,7 @@ def test_a_prompt_larger_than_the_pool_fails_alone(llama, llama_tokenizer) -> No
     core.add(EngineRequest("huge", list(range(10, 40)), greedy(2)))
     outputs = core.step()
     assert [o.finish_reason for o in outputs] == [FinishReason.ERROR] and not core.has_work()
-    assert runner.kv_usage().blocks_used == 0
+    assert core.kv.usage().blocks_used == 0
     assert run(core, [EngineRequest("fits", PROMPTS[0], greedy(4))])["fits"] == llama_reference(llama, PROMPTS[0], 4)
 
 
@@ -148,7 +148,7 @@ def test_t5_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama_tok
                              do_sample=False)
         assert tokens[req.request_id] == out[0, 1:].tolist()  # after the decoder start token
     assert observer.preemptions > 0
-    assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
 
 
 # ------------------------------------------------------------------------------------------------- Whisper
@@ -196,7 +196,7 @@ def test_whisper_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llam
     for req, (features, prefix) in zip(requests, windows, strict=True):
         assert tokens[req.request_id] == whisper_reference(model, features, prefix)
     assert observer.preemptions > 0
-    assert runner.kv_usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
 
 
 def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama_tokenizer) -> None:
@@ -225,4 +225,4 @@ def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama
         assert entry.token_id == prompt[position]
         assert entry.logprob == pytest.approx(float(expected[position - 1, prompt[position]]), abs=1e-4)
     assert sum(o.completion_tokens for o in outputs["scored"][-1:]) == 2
-    assert runner.kv_usage().blocks_used == 0
+    assert core.kv.usage().blocks_used == 0

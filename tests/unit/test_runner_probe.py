@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from tests.model_factory import build_tiny_t5, cache_root
+from tests.runner_driver import RunnerDriver
 from transformers_openai.runners.base import PrefillJob
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -38,7 +39,7 @@ def runners(request: pytest.FixtureRequest, tiny_llama_dir: Path):
 
     pair = []
     for _ in range(2):
-        runner = make()
+        runner = RunnerDriver(make())
         slots = []
         for prompt in PROMPTS:
             result = runner.prefill(job(prompt), 64)
@@ -72,11 +73,11 @@ def test_a_probe_over_one_row_gives_that_row_s_logits(runners) -> None:
         seen["logits"] = logits[:, -1] if logits.dim() == 3 else logits  # [rows, kept positions, vocab]: the last
         return logits
 
-    step = runner._step
+    step = runner.runner._step
 
     def spying_step(*args, **kwargs):  # type: ignore[no-untyped-def]
         return capture(step(*args, **kwargs))
 
-    runner._step = spying_step  # type: ignore[method-assign]
+    runner.runner._step = spying_step  # type: ignore[method-assign]
     runner.probe({slots[2]: 33})
     torch.testing.assert_close(seen["logits"][0], batch_logits[order.index(slots[2])], rtol=1e-5, atol=1e-5)

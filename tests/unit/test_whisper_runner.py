@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
+from tests.runner_driver import RunnerDriver
 from transformers_openai.runners.base import PrefillJob
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
@@ -60,7 +61,7 @@ def reference(model: WhisperForConditionalGeneration, features: torch.Tensor, pr
 
 @torch.inference_mode()
 def test_windows_joining_at_different_steps_each_get_their_own_logits(model) -> None:
-    runner = WhisperRunner(model, max_rows=4)
+    runner = RunnerDriver(WhisperRunner(model, max_rows=4))
     jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS]
     fed: dict[int, list[int]] = {}
     seen: dict[int, list[torch.Tensor]] = {}
@@ -99,7 +100,7 @@ def test_no_speech_probability_is_read_after_the_start_of_transcript(model) -> N
     runner = WhisperRunner(model, max_rows=2)
     features, prefix = WINDOWS[1]
     job = PrefillJob(prefix, {"input_features": features})
-    runner.prefill(job, 10_000)
+    RunnerDriver(runner).prefill(job, 10_000)
     out = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([prefix]))
     at_sot = out.logits[0, prefix.index(SOT)].softmax(-1)
     assert job.info["no_speech_prob"] == pytest.approx(float(at_sot[NO_CAPTIONS]), abs=1e-6)
@@ -108,9 +109,10 @@ def test_no_speech_probability_is_read_after_the_start_of_transcript(model) -> N
 
 def test_a_window_of_the_wrong_length_is_refused(model) -> None:
     runner = WhisperRunner(model, max_rows=1)
+    driver = RunnerDriver(runner)
     with pytest.raises(ValueError, match="3000"):
-        runner.prefill(PrefillJob([SOT], {"input_features": torch.zeros(80, 100)}), 10_000)
-    assert runner.rows_in_use() == 0
+        driver.prefill(PrefillJob([SOT], {"input_features": torch.zeros(80, 100)}), 10_000)
+    assert runner.rows_in_use() == 0 and driver.kv_usage().blocks_used == 0
 
 
 @torch.inference_mode()
@@ -146,7 +148,7 @@ def test_language_detection_picks_the_likeliest_language_token(model: WhisperFor
         runner.detect_language(window(4), SOT, languages, window_id="req-w0")
         job = PrefillJob([SOT], {"input_features": window(4), "window_id": "req-w0"})
         assert runner.prefill_overhead(job) == 0
-        runner.prefill(job, 10_000)
+        RunnerDriver(runner).prefill(job, 10_000)
     finally:
         hook.remove()
     assert calls == [1]  # the window's prefill reused the encoder pass of the detection
@@ -160,7 +162,8 @@ def test_windows_admitted_together_share_one_encoder_call_and_fail_alone(model) 
     bad = PrefillJob([SOT], {"input_features": torch.zeros(80, 100)})
     jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS[:3]]
     try:
-        outcomes = runner.prefill_batch([(jobs[0], 10_000), (bad, 10_000), (jobs[1], 10_000), (jobs[2], 10_000)])
+        admitted = [(jobs[0], 10_000), (bad, 10_000), (jobs[1], 10_000), (jobs[2], 10_000)]
+        outcomes = RunnerDriver(runner).prefill_batch(admitted)
         assert isinstance(outcomes[1], ValueError) and all(isinstance(o, tuple) for o in outcomes[::2])
         assert calls == [1, 1, 1]  # the batch could not be built: one encoder call per good window
     finally:
@@ -170,7 +173,8 @@ def test_windows_admitted_together_share_one_encoder_call_and_fail_alone(model) 
     hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
     try:
         fresh = WhisperRunner(model, max_rows=4)
-        batched = fresh.prefill_batch([(PrefillJob(prefix, {"input_features": f}), 10_000) for f, prefix in WINDOWS])
+        windows = [(PrefillJob(prefix, {"input_features": f}), 10_000) for f, prefix in WINDOWS]
+        batched = RunnerDriver(fresh).prefill_batch(windows)
     finally:
         hook.remove()
     assert calls == [len(WINDOWS)]  # one encoder call for all four windows
@@ -187,5 +191,5 @@ def test_prefill_hands_the_cache_over_under_the_keyword_the_model_takes(model) -
     features, prefix = WINDOWS[1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runner.prefill(PrefillJob(prefix, {"input_features": features}), 10_000)
+        RunnerDriver(runner).prefill(PrefillJob(prefix, {"input_features": features}), 10_000)
     assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []

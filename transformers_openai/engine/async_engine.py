@@ -79,7 +79,7 @@ class AsyncEngine(EngineThread[ModelRunner]):
 
     def stats(self) -> EngineStats:
         scheduler = self._core.scheduler
-        kv = self._core.runner.kv_usage()
+        kv = self._core.kv.usage()
         return EngineStats(
             running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),

@@ -11,18 +11,20 @@ import torch
 
 from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
+from transformers_openai.engine.kv_manager import KVManager
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
 from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
-from transformers_openai.runners.base import ModelRunner
+from transformers_openai.runners.base import DecodeRows, ModelRunner, PrefillJob
+from transformers_openai.runners.block_table import BlockTable
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    """Owns the runner and the scheduler; only the engine thread calls it."""
+    """Owns the runner, the scheduler and the K/V manager of the runner's pool; only the engine thread calls it."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class EngineCore:
         self.runner = runner
         self._threads = threads  # on a CPU: the engine thread's torch threads
         self.scheduler = scheduler
+        self.kv = KVManager(runner.kv_pool)
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
         self._sampler = Sampler(runner.logits_processors)
@@ -95,7 +98,7 @@ class EngineCore:
         outputs: list[RequestOutput] = []
         gaps: list[float] = []
         clock = PhaseClock()
-        planned = self.scheduler.prefill_plan(self.runner.reserve)
+        planned = self.scheduler.prefill_plan(self._reserve)
         if not planned:
             self._refuse_what_never_fits(outputs)
         with clock("prefill"):
@@ -127,7 +130,7 @@ class EngineCore:
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
                 phase_s=clock.done(),
-                kv=self.runner.kv_usage(),
+                kv=self.kv.usage(),
                 preemptions=preempted,
             )
         )
@@ -144,7 +147,7 @@ class EngineCore:
         preempted (its blocks freed, its tokens kept; it waits first in line and is prefilled again). A request
         that is alone and still does not fit fails. Returns how many were preempted."""
         preempted = 0
-        while not self.runner.grow():
+        while not self.kv.grow(self._tables()):
             holders = self.scheduler.kv_holders()
             if not holders:
                 break
@@ -182,10 +185,11 @@ class EngineCore:
             if isinstance(result, Exception):
                 logger.error("prefill failed for request %s", seq.request_id, exc_info=result)
                 self.scheduler.remove(seq.request_id)
-                self.runner.discard(seq.prefill)
+                self._release(seq)
                 outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {result}"))
                 self._finished(seq)
                 continue
+            self.kv.prefilled(seq.prefill, self.runner.decoder_prompt(seq.prefill))
             if result is None:
                 continue  # more chunks in the next steps
             seq.slot, logits = result
@@ -207,23 +211,27 @@ class EngineCore:
         `by_slot` loses the rows that were ended. Returns None when no row is left.
         """
         while by_slot:
-            last_tokens = {slot: seq.output_ids[-1] for slot, seq in by_slot.items()}
+            rows = {slot: (_table(seq), seq.output_ids[-1]) for slot, seq in by_slot.items()}
             try:
-                return self.runner.decode(last_tokens)
+                decoded = self.runner.decode(rows)
             except Exception as exc:
                 logger.exception("decode step failed; probing its %d rows one by one", len(by_slot))
-                failing = self._failing_alone(last_tokens)
+                failing = self._failing_alone(rows)
                 if not failing:  # no single row reproduces it: a failure of the step itself
                     failing = dict.fromkeys(by_slot, exc)
                 for slot, error in failing.items():
                     outputs.extend(self._fail([by_slot.pop(slot)], error))
+                continue
+            for table, token in rows.values():
+                self.kv.written(table, [token])
+            return decoded
         return None
 
-    def _failing_alone(self, last_tokens: dict[int, int]) -> dict[int, Exception]:
+    def _failing_alone(self, rows: DecodeRows) -> dict[int, Exception]:
         failing: dict[int, Exception] = {}
-        for slot, token in last_tokens.items():
+        for slot, row in rows.items():
             try:
-                self.runner.probe({slot: token})
+                self.runner.probe({slot: row})
             except Exception as exc:
                 failing[slot] = exc
         return failing
@@ -295,12 +303,21 @@ class EngineCore:
         seq.preempt()
         seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
 
+    def _reserve(self, job: PrefillJob) -> bool:
+        """Gives a job about to start its prefill its block table (see `KVManager.reserve`)."""
+        return self.kv.reserve(job, len(self.runner.decoder_prompt(job)) + 1, len(self.scheduler.running))
+
+    def _tables(self) -> list[BlockTable]:
+        """The block tables of the running rows."""
+        return [_table(seq) for seq in self.scheduler.running.values()]
+
     def _release(self, seq: Sequence) -> None:
         if seq.slot is not None:
             self.runner.release(seq.slot)
             seq.slot = None
         else:  # no row yet: a reservation, a partial prefill maybe
             self.runner.discard(seq.prefill)
+        self.kv.release(seq.prefill)
 
     def _finished(self, seq: Sequence, aborted: str | None = None) -> None:
         stats = seq.stats(aborted is not None)
@@ -328,3 +345,10 @@ class EngineCore:
             outputs.append(seq.final_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
             self._finished(seq)
         return outputs
+
+
+def _table(seq: Sequence) -> BlockTable:
+    """A running row's block table (held from its admission until it leaves)."""
+    if seq.prefill.kv is None:
+        raise RuntimeError(f"request {seq.request_id} runs without a block table")
+    return seq.prefill.kv

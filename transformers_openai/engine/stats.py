@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from transformers_openai.runners.base import KVUsage
+from transformers_openai.engine.kv_manager import KVUsage
 
 # Where a step's time goes: prompts in, the batched forward, sampling, turning tokens into outputs (detokenizing,
 # stop strings, bookkeeping); "total" is the whole step.

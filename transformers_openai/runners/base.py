@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 import torch
 
+from transformers_openai.runners.block_table import BlockTable
+
 
 @dataclass
 class PrefillJob:
@@ -30,7 +32,9 @@ class PrefillJob:
     # with (logprob, rank, [(token, logprob)] top) of every prompt token after the first, in order, across chunks.
     prompt_logprobs: int | None = None
     prompt_scores: list[tuple[float, int, list[tuple[int, float]]]] = field(default_factory=list)
-    kv: Any = None  # the runner's K/V reservation (a block table), from admission until the row joins
+    # The request's block table, given by the engine's K/V manager at admission and held until the request leaves
+    # (its row released, or the job discarded); the runner writes the K/V of new tokens at its `length`.
+    kv: BlockTable | None = None
 
     @property
     def remaining(self) -> int:
@@ -38,15 +42,25 @@ class PrefillJob:
 
 
 @dataclass(frozen=True)
-class KVUsage:
-    """The K/V pool's state: blocks held by requests (cached prefixes nobody holds count as free), and the prefix
-    cache's lookups (prompt tokens looked up, and found)."""
+class KVPoolSpec:
+    """What the engine's K/V manager needs to know of a runner's paged pool: `num_blocks` blocks (block 0 never
+    handed out) of `block_size` tokens; whether full blocks may be shared by prompts that start alike."""
 
-    blocks_used: int
-    blocks_total: int
-    blocks_cached: int = 0  # of the free ones, those keeping a prefix for reuse
-    prefix_queries: int = 0
-    prefix_hits: int = 0
+    num_blocks: int
+    block_size: int
+    shared_prefixes: bool = True
+
+    @property
+    def usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def token_capacity(self) -> int:
+        """The most tokens one request can ever hold."""
+        return self.usable * self.block_size
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
 
 
 PrefillResult = tuple[int, torch.Tensor] | None  # (slot of the fresh row, next-token logits), or None: not all in
@@ -90,15 +104,21 @@ class LogitsProcessor(Protocol):
     def __call__(self, logits: torch.Tensor, rows: Sequence[RowTokens]) -> None: ...
 
 
+DecodeRows = Mapping[int, tuple[BlockTable, int]]  # slot -> (the row's block table, its last sampled token)
+
+
 class ModelRunner(Protocol):
     """Runs one model over a batch of rows, each row one request's KV state.
 
-    A row is named by a stable `slot` id from `prefill` until `release`. The engine calls these from
-    one thread only.
+    A row is named by a stable `slot` id from `prefill` until `release`. The engine's K/V manager owns the pool's
+    blocks: it gives each job its block table before its prefill (`PrefillJob.kv`), grows the tables before a
+    decode step and records what a step wrote; the runner only reads and writes K/V where the tables say. The
+    engine calls these from one thread only.
     """
 
     max_rows: int
     max_model_len: int
+    kv_pool: KVPoolSpec  # the paged pool the engine's K/V manager hands out
     # The model kind's own decoding rules (e.g. Whisper's timestamp rules), applied to every step's logits.
     logits_processors: Sequence[LogitsProcessor]
 
@@ -110,20 +130,15 @@ class ModelRunner(Protocol):
         """What starting this job's prefill costs beyond its tokens, in token units (0 for a decoder-only model)."""
         ...
 
-    def reserve(self, job: PrefillJob) -> bool:
-        """Sets aside the K/V memory a job about to start its prefill needs (its whole prompt and one more token),
-        reusing cached blocks its prompt starts with (then `job.done` skips them). False: it does not fit now."""
+    def decoder_prompt(self, job: PrefillJob) -> list[int]:
+        """The tokens whose K/V the job's table holds once its prompt is in (a decoder-only model: the prompt; T5:
+        its decoder start token first). The job needs room for them and one more token; of them, all but
+        `job.remaining` are in after each `prefill`."""
         ...
-
-    def grow(self) -> bool:
-        """Makes room for one more token in every row before a decode step. False: the pool is short (the engine
-        then preempts a request and asks again)."""
-        ...
-
-    def kv_usage(self) -> KVUsage: ...
 
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once).
+        """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once), writing its
+        K/V from `job.kv.length` on and advancing `job.done`.
 
         Returns:
             None while input remains; once it is all in, (slot of its fresh row, next-token logits [vocab]).
@@ -136,20 +151,20 @@ class ModelRunner(Protocol):
         ...
 
     def discard(self, job: PrefillJob) -> None:
-        """Drops what a job that never got a row holds (its reservation, its partial prefill)."""
+        """Drops what the runner keeps for a job that never got a row (its partial prefill)."""
         ...
 
-    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
-        """One step over every row, feeding each row its last sampled token.
+    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
+        """One step over every row, feeding each row its last sampled token at its table's `length`.
 
         Args:
-            last_tokens: slot -> token id, one entry for every row in use.
+            rows: one entry for every row in use (each table with room for one more token).
         Returns:
             (slots in the order of the logits' rows, logits of shape [rows, vocab]).
         """
         ...
 
-    def probe(self, last_tokens: Mapping[int, int]) -> None:
+    def probe(self, rows: DecodeRows) -> None:
         """Runs `decode`'s step for some rows only and keeps nothing of it; raises what `decode` would for them.
 
         The engine calls it after a failed `decode` to find the rows that cause the failure.
@@ -157,7 +172,8 @@ class ModelRunner(Protocol):
         ...
 
     def release(self, slot: int) -> None:
-        """Frees a row at once; its slot may be reused by the next prefill."""
+        """Frees a row at once (what the runner keeps for it; its blocks are the K/V manager's); its slot may be
+        reused by the next prefill."""
         ...
 
     def rows_in_use(self) -> int: ...

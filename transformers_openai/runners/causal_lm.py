@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
-from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
-from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.base import (
+    DecodeRows,
+    KVPoolSpec,
+    LogitsProcessor,
+    OneByOnePrefill,
+    PrefillJob,
+    PrefillResult,
+)
+from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.fixed_steps import FixedSteps
+from transformers_openai.runners.kv_pool import KVPool, KVSpace
 from transformers_openai.runners.paged_attention import use_paged_attention
-from transformers_openai.runners.paged_rows import KVSpace, PagedRows
 from transformers_openai.runners.paged_step import PagedStep, StepExecutor
 from transformers_openai.runners.prefill_groups import length_groups
 
@@ -21,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
 SCORED_CHUNK_TOKENS = 512
+NO_TABLE = "a prefill needs the block table the engine's K/V manager reserves for it"
 # Padding a batched prefill may add, as a share of its real tokens. On a CPU padding costs its arithmetic; on a
 # GPU a forward costs mostly its launch overhead, so fewer, more padded forwards win.
 CPU_MAX_PADDING = 0.25
@@ -36,8 +44,8 @@ class CausalLMRunner(OneByOnePrefill):
     their step share forwards in groups of similar lengths (identical prompts are computed once and their K/V
     copied); a prompt chunked over several steps, or one whose logprobs are scored, is prefilled alone.
 
-    The runner keeps the rows' block tables; `executor` runs the forwards and copies over the pool (with tensor
-    parallelism, on every rank).
+    The engine's K/V manager gives every job and row its block table; `executor` runs the forwards and copies over
+    the pool (with tensor parallelism, on every rank).
     """
 
     logits_processors: Sequence[LogitsProcessor] = ()
@@ -48,9 +56,10 @@ class CausalLMRunner(OneByOnePrefill):
         self.device = model.device
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
         grouped = self._grouped = use_paged_attention(model)
-        self._rows = PagedRows(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
-        self.executor: StepExecutor = PagedStep(model, self._rows.cache, grouped)
-        self.max_model_len = min(max_model_len, self._rows.token_capacity - 1)
+        self._pool = KVPool(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
+        self.kv_pool: KVPoolSpec = self._pool.spec
+        self.executor: StepExecutor = PagedStep(model, self._pool.cache, grouped)
+        self.max_model_len = min(max_model_len, self.kv_pool.token_capacity - 1)
         self._free_slots = list(range(max_rows - 1, -1, -1))
         self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
 
@@ -71,13 +80,13 @@ class CausalLMRunner(OneByOnePrefill):
         (steps then run as before)."""
         if not self._grouped or not isinstance(self.executor, PagedStep):
             return False
-        pool = self._rows.pool
+        pool = self.kv_pool
         max_blocks = min(pool.blocks_for(self.max_model_len + 1), pool.usable)
         padded = graphs if buckets is None else buckets
         # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
         most = max(pool.usable * pool.block_size, self.max_rows * pool.block_size * 2)
         fixed = FixedSteps(
-            self.executor.forward_planned, self._rows.cache, self.max_rows, max_blocks, padded, most, prefills
+            self.executor.forward_planned, self._pool.cache, self.max_rows, max_blocks, padded, most, prefills
         )
         try:
             if compiled:
@@ -107,14 +116,8 @@ class CausalLMRunner(OneByOnePrefill):
     def prefill_overhead(self, job: PrefillJob) -> int:
         return 0  # its tokens are the whole cost
 
-    def reserve(self, job: PrefillJob) -> bool:
-        return self._rows.reserve(job, len(job.prompt_token_ids) + 1, reuse_prefix=job.prompt_logprobs is None)
-
-    def grow(self) -> bool:
-        return self._rows.grow()
-
-    def kv_usage(self) -> KVUsage:
-        return self._rows.usage()
+    def decoder_prompt(self, job: PrefillJob) -> list[int]:
+        return job.prompt_token_ids
 
     @torch.inference_mode()
     def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
@@ -122,8 +125,8 @@ class CausalLMRunner(OneByOnePrefill):
         alone: list[int] = []
         same: dict[tuple[int, ...], list[int]] = {}  # each distinct prompt taken whole -> the jobs that have it
         for i, (job, take) in enumerate(jobs):
-            if job.kv is None and not self.reserve(job):
-                outcomes[i] = RuntimeError("the K/V pool has no room for this prompt")
+            if job.kv is None:
+                outcomes[i] = RuntimeError(NO_TABLE)
             elif job.prompt_logprobs is None and 0 < job.remaining <= take:
                 same.setdefault((job.done, *job.prompt_token_ids), []).append(i)
             else:
@@ -155,8 +158,7 @@ class CausalLMRunner(OneByOnePrefill):
 
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        if job.kv is None and not self.reserve(job):
-            raise RuntimeError("the K/V pool has no room for this prompt")
+        _table(job)
         scoring = job.prompt_logprobs is not None
         take = max(max_tokens, 1) if not scoring else min(max(max_tokens, 1), SCORED_CHUNK_TOKENS)
         start, end = job.done, min(len(job.prompt_token_ids), job.done + take)
@@ -169,60 +171,55 @@ class CausalLMRunner(OneByOnePrefill):
 
     def _forward(self, rows: list[tuple[PrefillJob, list[int]]], keep: int) -> torch.Tensor:
         """One step adding each job's `tokens` after what its table holds; logits `[rows, keep or tokens, vocab]`."""
-        tables = [(job.kv, tokens) for job, tokens in rows]
+        tables = [(_table(job), tokens) for job, tokens in rows]
         logits = self.fixed.prefill(tables) if self.fixed is not None and keep == 1 else None
         if logits is None:
             logits = self._step(tables, keep)
         for job, tokens in rows:
-            self._rows.pool.written(job.kv, tokens)
             job.done += len(tokens)
         return logits
 
     def _copy_prompt(self, source: PrefillJob, target: PrefillJob) -> None:
         """An identical prompt computed once: `target` gets a copy of `source`'s K/V beyond its own cached prefix."""
         start, length = target.done, len(source.prompt_token_ids)
-        self.executor.copy_slots(*self._rows.copy_slots(source.kv, target.kv, length, start))
-        self._rows.pool.written(target.kv, target.prompt_token_ids[start:])
+        self.executor.copy_slots(*self._pool.copy_slots(_table(source), _table(target), length, start))
         target.done = length
 
     def _join(self, job: PrefillJob) -> int:
-        slot = self._free_slots.pop()
-        self._rows.join(slot, job)
-        return slot
+        return self._free_slots.pop()
 
     @torch.inference_mode()
-    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
-        order = list(self._rows.tables)
-        held = [self._rows.tables[slot] for slot in order]
-        tokens = [last_tokens[slot] for slot in order]
+    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
+        order = list(rows)
+        held = [rows[slot][0] for slot in order]
+        tokens = [rows[slot][1] for slot in order]
         logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
         if logits is None:  # no fixed steps, or this one is wider than they take
             logits = self._step([(table, [token]) for table, token in zip(held, tokens, strict=True)], keep=1)
             logits = logits[:, -1].float()
-        for table, token in zip(held, tokens, strict=True):
-            self._rows.pool.written(table, [token])
         return order, logits
 
     @torch.inference_mode()
-    def probe(self, last_tokens: Mapping[int, int]) -> None:
-        # The step writes the rows' next slots but records nothing: the next real step overwrites them.
-        self._step([(self._rows.tables[slot], [token]) for slot, token in last_tokens.items()], keep=1)
+    def probe(self, rows: DecodeRows) -> None:
+        # The step writes the rows' next slots, which nothing records: the next real step overwrites them.
+        self._step([(table, [token]) for table, token in rows.values()], keep=1)
 
     def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
         return self.executor.forward(rows, keep)
 
-    def discard(self, job: PrefillJob) -> None:
-        self._rows.discard(job)
-
-    @torch.inference_mode()
     def release(self, slot: int) -> None:
-        self._rows.release(slot)
         self._free_slots.append(slot)
         if self.fixed is not None:
             self.fixed.forget(slot)
 
     def rows_in_use(self) -> int:
-        return len(self._rows.tables)
+        return self.max_rows - len(self._free_slots)
+
+
+def _table(job: PrefillJob) -> BlockTable:
+    if job.kv is None:
+        raise RuntimeError(NO_TABLE)
+    return job.kv
 
 
 def _score(job: PrefillJob, logits: torch.Tensor, start: int, end: int) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from transformers_openai.packed_linear import register_compilable_op
-from transformers_openai.runners.block_pool import NULL_BLOCK, BlockTable
+from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
 from transformers_openai.runners.paged_cache import AttentionGroup, PagedKVCache, StepPlan
 from transformers_openai.runners.step_store import compiled_step, store_key
 

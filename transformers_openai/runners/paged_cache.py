@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
-from transformers_openai.runners.block_pool import NULL_BLOCK, BlockTable
+from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
 from transformers_openai.runners.kv_cache import OwnedLayer
 from transformers_openai.runners.prefill_groups import length_groups
 

@@ -16,7 +16,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
-from transformers_openai.runners.block_pool import BlockTable
+from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.paged_cache import PagedKVCache
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import KVUsage, LogitsProcessor, OneByOnePrefill, PrefillJob, PrefillResult
+from transformers_openai.runners.base import (
+    DecodeRows,
+    KVPoolSpec,
+    LogitsProcessor,
+    OneByOnePrefill,
+    PrefillJob,
+    PrefillResult,
+)
 from transformers_openai.runners.cross_cache import CrossKVCache
 from transformers_openai.runners.kv_cache import cache_keyword, layer_tensors
+from transformers_openai.runners.kv_pool import KVPool, KVSpace, self_attention_geometry
 from transformers_openai.runners.paged_cache import StepPlan
-from transformers_openai.runners.paged_rows import KVSpace, PagedRows, self_attention_geometry
 from transformers_openai.runners.slots import SlotTable
 
 
@@ -42,8 +49,9 @@ class Seq2SeqRunner(OneByOnePrefill):
         self._start_token = _decoder_start_token(model)
         self._hidden_size = model.config.d_model if hasattr(model.config, "d_model") else model.config.hidden_size
         cross_bytes = max_rows * max_input_len * geometry.bytes_per_token
-        self._rows = PagedRows(model, max_rows, max_model_len + 1, kv, cross_bytes, shared_prefixes=False)
-        self.max_model_len = min(max_model_len, self._rows.token_capacity - 2)
+        self._pool = KVPool(model, max_rows, max_model_len + 1, kv, cross_bytes, shared_prefixes=False)
+        self.kv_pool: KVPoolSpec = self._pool.spec
+        self.max_model_len = min(max_model_len, self.kv_pool.token_capacity - 2)
         self._cross_cache = CrossKVCache(geometry.layers, max_rows, max_input_len)
         self._slots = SlotTable(max_rows)
         self._cache_keyword = cache_keyword(model)
@@ -58,20 +66,11 @@ class Seq2SeqRunner(OneByOnePrefill):
         """What the decoder reads before its first sampled token: its start token, then the request's prompt."""
         return [self._start_token, *job.prompt_token_ids]
 
-    def reserve(self, job: PrefillJob) -> bool:
-        return self._rows.reserve(job, len(self.decoder_prompt(job)) + 1, reuse_prefix=False)
-
-    def grow(self) -> bool:
-        return self._rows.grow()
-
-    def kv_usage(self) -> KVUsage:
-        return self._rows.usage()
-
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
-        if job.kv is None and not self.reserve(job):
-            raise RuntimeError("the K/V pool has no room for this request")
+        if job.kv is None:
+            raise RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
         job.done = len(job.prompt_token_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         logits = self._prefill_forward(job, own_cache)
@@ -96,43 +95,36 @@ class Seq2SeqRunner(OneByOnePrefill):
     def _join(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> int:
         """Moves a prefilled request's self- and cross-attention K/V into a new row; returns its slot."""
         self_layers = layer_tensors(own_cache.self_attention_cache)
-        table = job.kv
-        self._rows.cache.copy_in(table, self_layers, start=0)
-        self._rows.pool.written(table, [0] * self_layers[0][0].shape[-2])  # never shared: the ids are not kept
+        assert job.kv is not None  # checked by `prefill`
+        self._pool.cache.copy_in(job.kv, self_layers, start=0)
         pos = self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache))
-        slot = self._slots.add(pos)
-        self._rows.join(slot, job)
-        return slot
+        return self._slots.add(pos)
 
     @torch.inference_mode()
-    def decode(self, last_tokens: Mapping[int, int]) -> tuple[list[int], torch.Tensor]:
+    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
         order = self._slots.order()
-        logits = self._step(order, last_tokens)
-        for slot in order:
-            self._rows.pool.written(self._rows.tables[slot], [last_tokens[slot]])
-        return order, logits
+        return order, self._step(order, rows)
 
     @torch.inference_mode()
-    def probe(self, last_tokens: Mapping[int, int]) -> None:
-        # The step writes the rows' next slots but records nothing: the next real step overwrites them.
-        order = [slot for slot in self._slots.order() if slot in last_tokens]
+    def probe(self, rows: DecodeRows) -> None:
+        # The step writes the rows' next slots, which nothing records: the next real step overwrites them.
+        order = [slot for slot in self._slots.order() if slot in rows]
         with self._cross_cache.selecting([self._slots.pos(slot) for slot in order]):
-            self._step(order, last_tokens)
+            self._step(order, rows)
 
-    def _step(self, order: list[int], last_tokens: Mapping[int, int]) -> torch.Tensor:
-        self_cache, cross_cache = self._rows.cache, self._cross_cache
-        rows = len(order)
-        plan = self_cache.plan([(self._rows.tables[slot], 1) for slot in order])
+    def _step(self, order: list[int], rows: DecodeRows) -> torch.Tensor:
+        self_cache, cross_cache = self._pool.cache, self._cross_cache
+        plan = self_cache.plan([(rows[slot][0], 1) for slot in order])
         cache = EncoderDecoderCache(self_cache, cross_cache)
         cache.is_updated = dict.fromkeys(range(len(cross_cache.layers)), True)  # cross K/V are cached already
         # The decoder reads only the shape of the encoder states (for its mask): the K/V come from the cache.
         shape_only = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
-            rows, cross_cache.width, self._hidden_size
+            len(order), cross_cache.width, self._hidden_size
         )
         with self_cache.running(plan):
             out = self.model(
                 encoder_outputs=(shape_only,),
-                decoder_input_ids=torch.tensor([[last_tokens[slot]] for slot in order], device=self.device),
+                decoder_input_ids=torch.tensor([[rows[slot][1]] for slot in order], device=self.device),
                 decoder_attention_mask=plan.mask,
                 use_cache=True,
                 **{self._cache_keyword: cache},
@@ -145,15 +137,10 @@ class Seq2SeqRunner(OneByOnePrefill):
         """What the model kind's decode step needs beside the tokens and caches: T5 masks padded encoder columns."""
         return {"attention_mask": self._cross_cache.encoder_mask()}
 
-    def discard(self, job: PrefillJob) -> None:
-        self._rows.discard(job)
-        job.state = None
-
     @torch.inference_mode()
     def release(self, slot: int) -> None:
         pos = self._slots.pos(slot)
         moved = self._cross_cache.remove(pos)
-        self._rows.release(slot)
         self._slots.remove(slot, moved)
 
     def rows_in_use(self) -> int:

@@ -11,8 +11,8 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
 from transformers_openai.runners.kv_cache import cache_keyword
+from transformers_openai.runners.kv_pool import KVSpace
 from transformers_openai.runners.paged_cache import StepPlan
-from transformers_openai.runners.paged_rows import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
 

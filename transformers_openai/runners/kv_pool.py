@@ -1,4 +1,4 @@
-"""The rows of a runner over a paged K/V pool: sizing the pool from a memory budget, reservations, growth, usage."""
+"""A runner's paged K/V pool: sized from a memory budget, its blocks handed out by the engine's K/V manager."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from transformers_openai.runners.base import KVUsage, PrefillJob
-from transformers_openai.runners.block_pool import BlockPool, BlockTable
+from transformers_openai.runners.base import KVPoolSpec
+from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.paged_cache import KVGeometry, PagedKVCache
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ def self_attention_geometry(model: PreTrainedModel) -> KVGeometry:
     raise TypeError(f"no attention module with k_proj/k and head_dim found in {type(model).__name__}")
 
 
-class PagedRows:
-    """A runner's K/V pool and the block tables of its rows (by slot) and of the jobs admitted to prefill.
+class KVPool:
+    """A runner's paged K/V pool: its tensors (`cache`), sized from a memory budget, and what the engine's K/V
+    manager needs to know of it (`spec`). The manager hands out the blocks; the runner only reads and writes them.
 
     Args:
         space: the budget; None sizes the pool for `max_rows` rows of `max_len` tokens (never short).
@@ -83,68 +84,15 @@ class PagedRows:
                     f"{reserved_bytes / 2**20:.0f} MiB go to cross-attention and one block of {block_size} tokens "
                     f"takes {block_bytes / 2**20:.2f} MiB"
                 )
-        self.pool = BlockPool(num_blocks, block_size)
+        self.spec = KVPoolSpec(num_blocks, block_size, shared_prefixes)
         self.cache = PagedKVCache(geometry, num_blocks, block_size, model.device, group_padding)
-        self.tables: dict[int, BlockTable] = {}  # running rows by slot, in the order they joined
-        self._seed: bytes | None = b"" if shared_prefixes else None
         logger.info(
             "K/V pool: %d blocks of %d tokens (%.0f MiB, %d tokens)%s",
-            num_blocks - 1, block_size, num_blocks * block_bytes / 2**20, self.token_capacity,
+            num_blocks - 1,
+            block_size,
+            num_blocks * block_bytes / 2**20,
+            self.spec.token_capacity,
             f", plus {reserved_bytes / 2**20:.0f} MiB of cross-attention" if reserved_bytes else "",
-        )
-
-    @property
-    def token_capacity(self) -> int:
-        """The most tokens one request can ever hold."""
-        return self.pool.usable * self.pool.block_size
-
-    def reserve(self, job: PrefillJob, tokens: int, reuse_prefix: bool) -> bool:
-        """Gives a job about to start its prefill the blocks for `tokens` tokens, reusing cached ones its prompt
-        starts with; False (nothing held) when the pool cannot, keeping a block per running row for its growth."""
-        if job.kv is not None:
-            return True
-        table = BlockTable(prefix_seed=self._seed)
-        if reuse_prefix:
-            job.done = self.pool.match_prefix(table, job.prompt_token_ids)
-        needed = self.pool.blocks_for(tokens) - len(table.blocks)
-        if needed > self.pool.available - len(self.tables) or not self.pool.grow(table, tokens):
-            self.pool.release(table)
-            job.done = 0
-            return False
-        job.kv = table
-        return True
-
-    def discard(self, job: PrefillJob) -> None:
-        if isinstance(job.kv, BlockTable):
-            self.pool.release(job.kv)
-        job.kv = None
-
-    def join(self, slot: int, job: PrefillJob) -> None:
-        """The job's table becomes the row `slot`'s."""
-        self.tables[slot] = job.kv
-        job.kv = None
-
-    def release(self, slot: int) -> None:
-        self.pool.release(self.tables.pop(slot))
-
-    def grow(self) -> bool:
-        """Room for one more token in every row; False (nothing taken) when the pool is short."""
-        pool = self.pool
-        short = [t for t in self.tables.values() if pool.blocks_for(t.length + 1) > len(t.blocks)]
-        if len(short) > pool.available:
-            return False
-        for table in short:
-            pool.grow(table, table.length + 1)
-        return True
-
-    def usage(self) -> KVUsage:
-        pool = self.pool
-        return KVUsage(
-            blocks_used=pool.used,
-            blocks_total=pool.usable,
-            blocks_cached=pool.cached,
-            prefix_queries=pool.prefix_queries,
-            prefix_hits=pool.prefix_hits,
         )
 
     def copy_slots(
@@ -152,7 +100,7 @@ class PagedRows:
     ) -> tuple[list[int], list[int]]:
         """The pool slots of tokens `start..length` in `source` and in `target` (blocks reserved): what copying
         `source`'s K/V into the same places of `target` copies."""
-        size = self.pool.block_size
+        size = self.spec.block_size
         return (
             [source.slot(position, size) for position in range(start, length)],
             [target.slot(position, size) for position in range(start, length)],
