@@ -1,8 +1,8 @@
 """Steps of fixed shapes (`runners/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
 outputs equal `generate()` alone, decode steps and prompts' prefills alike; slots never written cannot reach
-attention; a step too wide for the buckets is run by the grouped step instead; the CPU's compiled decode step is
-two graphs for every batch, kept on disk between starts. (CUDA graph capture itself needs a GPU:
-`stress-test/cuda_run.sh breakdown`.)"""
+attention; a step too wide for the buckets is run by the grouped step instead; decode attention may read the pool in
+place; the CPU's compiled decode step is two graphs for every batch, kept on disk between starts. (CUDA graph capture
+itself needs a GPU: `stress-test/cuda_run.sh breakdown`.)"""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.block_table import NULL_BLOCK
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
+from transformers_openai.runners.paged_decode_kernel import PagedDecodeKernel
 from transformers_openai.runners.step_store import has_cxx_compiler
 
 torch.set_num_threads(1)
@@ -91,14 +92,29 @@ def test_buckets() -> None:
     assert width_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
 
 
+@pytest.mark.parametrize("reading", ["gathered", "in-place"])
 @pytest.mark.parametrize("buckets", [False, True], ids=["exact-shape", "bucketed"])
 @pytest.mark.parametrize("every", [1, 3])
-def test_fixed_steps_under_batching_match_generate(model, tokenizer, prompts, reference, buckets, every) -> None:
+def test_fixed_steps_under_batching_match_generate(
+    model, tokenizer, prompts, reference, buckets, every, reading, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Decode attention gathering the rows' K/V for sdpa, or reading them in place (the CPU's kernel)."""
     runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
     assert runner.fix_steps(graphs=False, buckets=buckets)
     fixed = runner.fixed
     assert fixed is not None
-    taken = {"decode": 0, "prefill": 0}
+    taken = {"decode": 0, "prefill": 0, "kernel": 0}
+    if reading == "in-place":
+        if not has_cxx_compiler():
+            pytest.skip("the kernel is built with a C++ compiler")
+        assert fixed.read_in_place(tmp_path)
+        call = PagedDecodeKernel.__call__
+
+        def counted_call(*args):  # type: ignore[no-untyped-def]
+            taken["kernel"] += 1
+            return call(*args)
+
+        monkeypatch.setattr(PagedDecodeKernel, "__call__", counted_call)
 
     def counting(name: str):  # type: ignore[no-untyped-def]
         method = getattr(fixed, name)
@@ -115,6 +131,11 @@ def test_fixed_steps_under_batching_match_generate(model, tokenizer, prompts, re
     assert drive(runner, tokenizer, prompts, every) == reference
     assert taken["decode"] > NEW_TOKENS  # the decode steps ran the fixed path
     assert taken["prefill"] > 0  # and so did the prompts' prefills
+    layers = model.config.num_hidden_layers
+    if reading == "in-place":  # every layer of every step of one new token a row (one-token prompts' prefills too)
+        assert taken["kernel"] >= taken["decode"] * layers and taken["kernel"] % layers == 0
+    else:
+        assert taken["kernel"] == 0
 
 
 def test_slots_never_written_do_not_reach_attention(model, tokenizer, prompts, reference) -> None:
@@ -194,6 +215,7 @@ def test_compiled_decode_under_batching_matches_generate(
         with caplog.at_level(logging.INFO, logger="transformers_openai.runners.fixed_steps"):
             assert runner.fix_steps(graphs=False, compiled=True, prefills=False, store=tmp_path)
         assert f"{how} 1/2 decode step graphs" in caplog.text and f"{how} 2/2" in caplog.text, caplog.text
+        assert "reads each row's K/V in place" in caplog.text
         fixed = runner.fixed
         assert fixed is not None
         taken = {"decode": 0, "prefill": 0, "compiled": 0}
@@ -217,3 +239,4 @@ def test_compiled_decode_under_batching_matches_generate(
         assert taken["prefill"] == 0 and taken["decode"] > NEW_TOKENS
         assert taken["compiled"] == taken["decode"]  # every decode step ran one of the two graphs
     assert len(list(tmp_path.glob("decode-*.bin"))) == 2
+    assert len(list(tmp_path.glob("paged-decode-*.so"))) == 1  # the kernel the graphs call, built once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,6 +91,7 @@ class CausalLMRunner(OneByOnePrefill):
         )
         try:
             if compiled:
+                self._read_in_place(fixed, store)
                 fixed.compile(store, self._layout())
             if graphs:
                 fixed.capture()
@@ -99,6 +101,16 @@ class CausalLMRunner(OneByOnePrefill):
             return False
         self.fixed = fixed
         return True
+
+    @staticmethod
+    def _read_in_place(fixed: FixedSteps, store: Path | None) -> None:
+        """Decode attention through the kernel that reads the pool in place, kept in `store` (else built for this
+        process alone: once loaded, its file is not needed)."""
+        if store is not None:
+            fixed.read_in_place(store)
+            return
+        with tempfile.TemporaryDirectory(prefix="transformers-openai-") as scratch:
+            fixed.read_in_place(Path(scratch))
 
     def _layout(self) -> list[str]:
         """What a compiled step depends on in the model: its configuration and its weights' types, shapes, dtypes

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from transformers_openai.packed_linear import register_compilable_op
+from transformers_openai.runners import paged_decode_kernel
 from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
-from transformers_openai.runners.paged_cache import AttentionGroup, PagedKVCache, StepPlan
+from transformers_openai.runners.paged_cache import AttentionGroup, InPlaceDecode, PagedKVCache, StepPlan
 from transformers_openai.runners.step_store import compiled_step, store_key
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class FixedSteps:
         # The compiled decode steps (`compile`) of one row, and of two rows or more (key 2).
         self._compiled: dict[int, Callable[..., torch.Tensor]] = {}
         self._least_width = 1  # the fewest blocks a decode step runs over (`compile`)
+        self._in_place = False  # decode attention reads the pool in place (`read_in_place`)
 
     def decode(self, slots: Sequence[int], tables: Sequence[BlockTable], tokens: Sequence[int]) -> torch.Tensor | None:
         """One decode step of the rows at `slots` (their tables, each holding room for one more token) adding
@@ -266,6 +268,21 @@ class FixedSteps:
         self.replays += 1
         return logits
 
+    def read_in_place(self, directory: Path) -> bool:
+        """Decode steps on a CPU from now on attend through the kernel that reads each row's K/V in place in the
+        pool (`paged_decode_kernel.py`, built in `directory` or loaded from there); False where it cannot (another
+        device or dtype, no compiler): attention then gathers the rows' K/V as before."""
+        cache = self.cache
+        if cache.device.type != "cpu" or cache.geometry.dtype != torch.float32:
+            return False
+        kernel = paged_decode_kernel.load(directory)
+        if kernel is None:
+            return False
+        paged_decode_kernel.register_op(kernel)
+        self._in_place = True
+        logger.info("decode attention reads each row's K/V in place in the pool (paged decode kernel)")
+        return True
+
     def compile(self, store: Path | None = None, model_key: Sequence[str] = ()) -> None:
         """Decode steps from now on run compiled (`torch.compile`, inductor), with progress in the log: loaded from
         `store` where an earlier start left them (`step_store.py`; `model_key` names the model and its weights'
@@ -277,6 +294,7 @@ class FixedSteps:
         register_compilable_op()
         width = self._least_width = min(2, self.max_blocks)
         sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
+        sizes += f", in place {self._in_place}"  # a graph calling the kernel needs it registered
         key = store_key([*model_key, sizes])
         started = time.monotonic()
         shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
@@ -316,12 +334,19 @@ class FixedSteps:
         at = positions.clamp(min=0)  # padding queries: position 0 (they see their row's first column only)
         # Each query sees its row's columns up to its own position (its K/V is written before attention reads);
         # columns past the row's newest token read the zero block.
+        written = tables.gather(1, torch.div(at, size, rounding_mode="floor")) * size + at % size
+        write_slots = torch.where(real, written, trash * size).reshape(batch * queries)
+        if queries == 1 and self._in_place:
+            # Attention walks each row's table itself: transformers is handed a placeholder mask it passes on.
+            placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
+            read = InPlaceDecode(tables, at[:, 0] + 1)
+            plan = StepPlan(batch, 1, columns, placeholder, at, write_slots, None, None, (), read)
+            with self.cache.running(plan):
+                return self._forward(ids, at, placeholder)
         seen = self._columns[:columns][None, None, :] <= at[:, :, None]
         newest = self._columns[:columns][None, :] <= at[:, -1:]
         slots = (tables[:, :, None] * size + self._offsets).reshape(batch, columns)
         gather = torch.where(newest, slots, NULL_BLOCK * size).reshape(batch * columns)
-        written = tables.gather(1, torch.div(at, size, rounding_mode="floor")) * size + at % size
-        write_slots = torch.where(real, written, trash * size).reshape(batch * queries)
         mask = seen[:, None]
         plan = StepPlan(
             rows=batch,

@@ -57,13 +57,22 @@ class AttentionGroup:
 
 
 @dataclass(frozen=True)
+class InPlaceDecode:
+    """A decode step whose attention reads each row's K/V in place (`paged_decode_kernel.py`): the rows' block
+    tables `[rows, width]` and how many tokens each attends to (its newest included)."""
+
+    tables: torch.Tensor
+    lengths: torch.Tensor
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """Index tensors of one step over `rows` rows: `queries` new positions per row (right-aligned), `width` columns.
 
     `mask` `[rows, width]` is 1 on each row's real columns; `positions` `[rows, queries]` are the new tokens' position
     ids (0 on padding); `write_slots` are the pool slots of the new tokens in row order, taken from the flattened
     query grid at `write_from` (None when no row is padded). Padded reading uses `gather`, the pool slot of every
-    column; grouped attention uses `groups`.
+    column; grouped attention uses `groups`, or `in_place` for a decode step read in place.
     """
 
     rows: int
@@ -75,6 +84,7 @@ class StepPlan:
     write_from: torch.Tensor | None
     gather: torch.Tensor | None
     groups: tuple[AttentionGroup, ...] = ()
+    in_place: InPlaceDecode | None = None
 
 
 class _PagedLayer(OwnedLayer):  # type: ignore[no-untyped-call]
@@ -230,6 +240,12 @@ class PagedKVCache(Cache):
             raise RuntimeError("grouped attention outside a step planned for it")
         keys, values = self._k[layer], self._v[layer]
         heads, dim = keys.shape[0], keys.shape[2]
+        if plan.in_place is not None:
+            scale = dim**-0.5 if scaling is None else scaling
+            read: torch.Tensor = torch.ops.transformers_openai.paged_decode_attention(
+                query, keys, values, plan.in_place.tables, plan.in_place.lengths, self.block_size, scale
+            )
+            return read.transpose(1, 2)
         out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
         for group in plan.groups:
             rows = group.gather.numel() // group.width

@@ -28,17 +28,24 @@ logger = logging.getLogger(__name__)
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def has_cxx_compiler() -> bool:
-    """Whether inductor's CPU kernels can be built here ($CXX, else g++ or clang++)."""
+def cxx_compiler() -> str | None:
+    """The C++ compiler inductor's CPU kernels (and ours) are built with here: $CXX, else g++, c++ or clang++."""
     named = os.environ.get("CXX")
-    return any(shutil.which(name) for name in ([named] if named else []) + ["g++", "c++", "clang++"])
+    return next(
+        filter(None, (shutil.which(name) for name in ([named] if named else []) + ["g++", "c++", "clang++"])), None
+    )
+
+
+def has_cxx_compiler() -> bool:
+    """Whether inductor's CPU kernels can be built here."""
+    return cxx_compiler() is not None
 
 
 def store_key(parts: Iterable[str]) -> str:
     """The key of a stored step: the caller's `parts` with the versions, this package's source and the CPU's
     instruction set."""
     digest = hashlib.sha256()
-    for part in (torch.__version__, metadata.version("transformers"), platform.machine(), _cpu_flags(), *parts):
+    for part in (torch.__version__, metadata.version("transformers"), platform.machine(), cpu_flags(), *parts):
         digest.update(part.encode())
         digest.update(b"\0")
     for source in sorted(PACKAGE.rglob("*.py")):
@@ -47,7 +54,7 @@ def store_key(parts: Iterable[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The instruction-set flags of this CPU (Linux; elsewhere torch's own summary of them)."""
     try:
         with open("/proc/cpuinfo") as info:

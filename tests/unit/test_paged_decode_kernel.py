@@ -1,0 +1,73 @@
+"""The CPU kernel for decode attention over the paged pool gives what gathering each row's K/V and running
+`scaled_dot_product_attention` gives: any block tables (shared blocks included), any lengths, grouped K/V heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformers_openai.runners.paged_decode_kernel import PagedDecodeKernel, load
+from transformers_openai.runners.step_store import has_cxx_compiler
+
+pytestmark = pytest.mark.skipif(not has_cxx_compiler(), reason="the kernel is built with a C++ compiler")
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> PagedDecodeKernel:
+    built = load(tmp_path_factory.mktemp("kernels"))
+    assert built is not None
+    return built
+
+
+def gathered(query, keys, values, tables, lengths):  # type: ignore[no-untyped-def]
+    """The reference: each row's tokens read out of the pool, padded to the widest, masked past its length."""
+    rows, width = tables.shape
+    slots = (tables[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(rows, width * BLOCK)
+    k = keys[:, slots].transpose(0, 1)  # [rows, kv_heads, columns, dim]
+    v = values[:, slots].transpose(0, 1)
+    mask = (torch.arange(width * BLOCK)[None, :] < lengths[:, None])[:, None, None, :]
+    return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=query.shape[1] != keys.shape[0])
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3)])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_the_kernel_equals_gathered_sdpa(kernel: PagedDecodeKernel, heads: int, kv_heads: int, rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows * 100 + heads)
+    dim, blocks, width = 32, 40, 6
+    keys = torch.randn(kv_heads, blocks * BLOCK, dim, generator=generator)
+    values = torch.randn(kv_heads, blocks * BLOCK, dim, generator=generator)
+    tables = torch.randint(1, blocks, (rows, width), generator=generator)
+    tables[-1] = tables[0]  # two rows holding the same blocks (a shared prefix)
+    lengths = torch.randint(1, width * BLOCK + 1, (rows,), generator=generator)
+    lengths[0] = 1  # a row of one token
+    query = torch.randn(rows, 1, heads, dim, generator=generator).transpose(1, 2)  # as the model hands it over
+    expected = gathered(query, keys, values, tables, lengths)
+    got = kernel(query, keys, values, tables, lengths, BLOCK, dim**-0.5)
+    assert got.shape == (rows, heads, 1, dim)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_tokens_past_a_row_s_length_are_never_read(kernel: PagedDecodeKernel) -> None:
+    keys, values = torch.randn(2, 10 * BLOCK, 8), torch.randn(2, 10 * BLOCK, 8)
+    tables, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([5])
+    query = torch.randn(1, 2, 1, 8)
+    before = kernel(query, keys, values, tables, lengths, BLOCK, 0.3)
+    keys[:, 4 * BLOCK + 1 :] = float("nan")  # the row's tokens 5.. and everything after its blocks
+    values[:, 4 * BLOCK + 1 :] = float("nan")
+    keys[:, : 3 * BLOCK] = float("nan")
+    after = kernel(query, keys, values, tables, lengths, BLOCK, 0.3)
+    assert torch.equal(before, after)
+
+
+def test_a_kernel_built_once_is_loaded_from_its_directory(tmp_path: Path) -> None:
+    assert load(tmp_path) is not None
+    built = list(tmp_path.glob("paged-decode-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert load(tmp_path) is not None
+    assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*")) == built  # not built again
