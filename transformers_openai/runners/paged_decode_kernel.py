@@ -45,6 +45,7 @@ extern "C" void paged_decode_attention_f32(
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores(group * most);
+    std::vector<float> top(group);
     std::vector<float> acc(group * dim);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -54,42 +55,49 @@ extern "C" void paged_decode_attention_f32(
       const float* keys = k_pool + head * slots * dim;
       const float* values = v_pool + head * slots * dim;
       const int64_t* table = tables + row * width;
-      for (int64_t pos = 0; pos < length; ++pos) {
-        const float* key = keys + (table[pos / block] * block + pos % block) * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = query + g * dim;
-          float dot = 0.0f;
+      for (int64_t g = 0; g < group; ++g) top[g] = -INFINITY;
+      // Scores, block by block: each block's keys are `block` consecutive slots.
+      for (int64_t start = 0; start < length; start += block) {
+        const float* key = keys + table[start / block] * block * dim;
+        const int64_t count = length - start < block ? length - start : block;
+        for (int64_t i = 0; i < count; ++i, key += dim) {
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = query + g * dim;
+            float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < dim; ++d) dot += qg[d] * key[d];
-          scores[g * most + pos] = dot * scale;
+            for (int64_t d = 0; d < dim; ++d) dot += qg[d] * key[d];
+            dot *= scale;
+            scores[g * most + start + i] = dot;
+            top[g] = dot > top[g] ? dot : top[g];
+          }
         }
       }
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * most;
-        float top = -INFINITY;
-        for (int64_t pos = 0; pos < length; ++pos) top = s[pos] > top ? s[pos] : top;
         float total = 0.0f;
         for (int64_t pos = 0; pos < length; ++pos) {
-          s[pos] = std::exp(s[pos] - top);
+          s[pos] = std::exp(s[pos] - top[g]);
           total += s[pos];
         }
         const float inverse = 1.0f / total;
+#pragma omp simd
         for (int64_t pos = 0; pos < length; ++pos) s[pos] *= inverse;
       }
       for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
-      for (int64_t pos = 0; pos < length; ++pos) {
-        const float* value = values + (table[pos / block] * block + pos % block) * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * most + pos];
-          float* a = acc.data() + g * dim;
+      for (int64_t start = 0; start < length; start += block) {
+        const float* value = values + table[start / block] * block * dim;
+        const int64_t count = length - start < block ? length - start : block;
+        for (int64_t i = 0; i < count; ++i, value += dim) {
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * most + start + i];
+            float* a = acc.data() + g * dim;
 #pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * value[d];
+            for (int64_t d = 0; d < dim; ++d) a[d] += p * value[d];
+          }
         }
       }
-      for (int64_t g = 0; g < group; ++g) {
-        float* o = out + (row * heads + head * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = acc[g * dim + d];
-      }
+      float* o = out + (row * heads + head * group) * dim;
+      for (int64_t i = 0; i < group * dim; ++i) o[i] = acc[i];
     }
   }
 }
