@@ -81,8 +81,9 @@ class Settings(BaseSettings):
     )
     compile_cache_dir: Path = Field(
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",
-        description="Where compiled steps are kept between starts (default: under $XDG_CACHE_HOME, else ~/.cache); "
-        "they are pickles, loaded at start: keep it writable by the server's user alone.",
+        description="Where compiled steps and the paged decode attention kernel are kept between starts (default: "
+        "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and a shared library, loaded at start: keep it "
+        "writable by the server's user alone.",
     )
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."

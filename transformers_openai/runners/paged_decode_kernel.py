@@ -181,16 +181,5 @@ def register_op(kernel: PagedDecodeKernel) -> None:
         " -> Tensor",
     )
 
-    def run(
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        tables: torch.Tensor,
-        lengths: torch.Tensor,
-        block_size: int,
-        scale: float,
-    ) -> torch.Tensor:
-        return kernel(query, keys, values, tables, lengths, block_size, scale)
-
-    torch.library.impl(OP, "CompositeExplicitAutograd", run)
+    torch.library.impl(OP, "CompositeExplicitAutograd", lambda *args: kernel(*args))
     torch.library.register_fake(OP, lambda query, *_: torch.empty_like(query, memory_format=torch.contiguous_format))
