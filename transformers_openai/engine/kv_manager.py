@@ -32,7 +32,6 @@ class KVManager:
     """Block tables for the requests of one runner's pool (see the module's docstring)."""
 
     def __init__(self, spec: KVPoolSpec) -> None:
-        self.spec = spec
         self.pool = BlockPool(spec.num_blocks, spec.block_size)
         self._seed: bytes | None = b"" if spec.shared_prefixes else None
 

@@ -40,6 +40,13 @@ class PrefillJob:
     def remaining(self) -> int:
         return len(self.prompt_token_ids) - self.done
 
+    @property
+    def table(self) -> BlockTable:
+        """Its block table, which a prefill needs (the engine's K/V manager reserves it at admission)."""
+        if self.kv is None:
+            raise RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
+        return self.kv
+
 
 @dataclass(frozen=True)
 class KVPoolSpec:

@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 # A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
 SCORED_CHUNK_TOKENS = 512
-NO_TABLE = "a prefill needs the block table the engine's K/V manager reserves for it"
 # Padding a batched prefill may add, as a share of its real tokens. On a CPU padding costs its arithmetic; on a
 # GPU a forward costs mostly its launch overhead, so fewer, more padded forwards win.
 CPU_MAX_PADDING = 0.25
@@ -138,7 +137,7 @@ class CausalLMRunner(OneByOnePrefill):
         same: dict[tuple[int, ...], list[int]] = {}  # each distinct prompt taken whole -> the jobs that have it
         for i, (job, take) in enumerate(jobs):
             if job.kv is None:
-                outcomes[i] = RuntimeError(NO_TABLE)
+                outcomes[i] = RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
             elif job.prompt_logprobs is None and 0 < job.remaining <= take:
                 same.setdefault((job.done, *job.prompt_token_ids), []).append(i)
             else:
@@ -170,7 +169,6 @@ class CausalLMRunner(OneByOnePrefill):
 
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        _table(job)
         scoring = job.prompt_logprobs is not None
         take = max(max_tokens, 1) if not scoring else min(max(max_tokens, 1), SCORED_CHUNK_TOKENS)
         start, end = job.done, min(len(job.prompt_token_ids), job.done + take)
@@ -183,7 +181,7 @@ class CausalLMRunner(OneByOnePrefill):
 
     def _forward(self, rows: list[tuple[PrefillJob, list[int]]], keep: int) -> torch.Tensor:
         """One step adding each job's `tokens` after what its table holds; logits `[rows, keep or tokens, vocab]`."""
-        tables = [(_table(job), tokens) for job, tokens in rows]
+        tables = [(job.table, tokens) for job, tokens in rows]
         logits = self.fixed.prefill(tables) if self.fixed is not None and keep == 1 else None
         if logits is None:
             logits = self._step(tables, keep)
@@ -194,7 +192,7 @@ class CausalLMRunner(OneByOnePrefill):
     def _copy_prompt(self, source: PrefillJob, target: PrefillJob) -> None:
         """An identical prompt computed once: `target` gets a copy of `source`'s K/V beyond its own cached prefix."""
         start, length = target.done, len(source.prompt_token_ids)
-        self.executor.copy_slots(*self._pool.copy_slots(_table(source), _table(target), length, start))
+        self.executor.copy_slots(*self._pool.copy_slots(source.table, target.table, length, start))
         target.done = length
 
     def _join(self, job: PrefillJob) -> int:
@@ -226,12 +224,6 @@ class CausalLMRunner(OneByOnePrefill):
 
     def rows_in_use(self) -> int:
         return self.max_rows - len(self._free_slots)
-
-
-def _table(job: PrefillJob) -> BlockTable:
-    if job.kv is None:
-        raise RuntimeError(NO_TABLE)
-    return job.kv
 
 
 def _score(job: PrefillJob, logits: torch.Tensor, start: int, end: int) -> None:

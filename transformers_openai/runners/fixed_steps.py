@@ -339,7 +339,7 @@ class FixedSteps:
         if queries == 1 and self._in_place:
             # Attention walks each row's table itself: transformers is handed a placeholder mask it passes on.
             placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
-            read = InPlaceDecode(tables, at[:, 0] + 1)
+            read = InPlaceDecode(tables.contiguous(), at[:, 0] + 1)  # once, not in every layer
             plan = StepPlan(batch, 1, columns, placeholder, at, write_slots, None, None, (), read)
             with self.cache.running(plan):
                 return self._forward(ids, at, placeholder)

@@ -69,8 +69,6 @@ class Seq2SeqRunner(OneByOnePrefill):
     @torch.inference_mode()
     def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
         # The encoder is bidirectional: it takes the whole input at once, whatever the budget.
-        if job.kv is None:
-            raise RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
         job.done = len(job.prompt_token_ids)
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         logits = self._prefill_forward(job, own_cache)
@@ -95,8 +93,7 @@ class Seq2SeqRunner(OneByOnePrefill):
     def _join(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> int:
         """Moves a prefilled request's self- and cross-attention K/V into a new row; returns its slot."""
         self_layers = layer_tensors(own_cache.self_attention_cache)
-        assert job.kv is not None  # checked by `prefill`
-        self._pool.cache.copy_in(job.kv, self_layers, start=0)
+        self._pool.cache.copy_in(job.table, self_layers, start=0)
         pos = self._cross_cache.insert(layer_tensors(own_cache.cross_attention_cache))
         return self._slots.add(pos)
 
