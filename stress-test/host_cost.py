@@ -7,10 +7,13 @@ is the first `--vocab` tokens of SmolLM2's tokenizer (1024 by default: with the 
 arithmetic alone outweighs the host at 16 rows and more). For each batch size, interleaved `--repeat` times:
 
 - transformers: `model(input_ids, past_key_values=DynamicCache)` for one new token per row, after a prefill of the
-  same prompt, the mean over `--steps` forwards (no sampling: that baseline does less than a step of ours);
+  same prompt, over `--steps` forwards (no sampling: that baseline does less than a step of ours);
 - engine: the engine's whole decode step (`EngineCore.step`: forward over the paged K/V pool, sampling, detokenizing
-  and bookkeeping), the mean over the steps that decode all rows; `--decode` names the step variants measured
+  and bookkeeping), over the steps that decode all rows; `--decode` names the step variants measured
   (`step_breakdown.py`'s: grouped, fixed, buckets, compiled), interleaved, the first one reported as `engine_ms`.
+
+Each side's step time is its median step (`..._ms`; the mean is kept beside it as `..._mean_ms`): on a shared machine a
+burst of another tenant's work lands on a few steps of one side and moves a mean by up to 2x, a median hardly.
 
 Example:
     python stress-test/host_cost.py --batch 1,16,64 --repeat 3
@@ -60,8 +63,8 @@ def build_model(directory: Path, layers: int, hidden: int, vocab: int) -> Path:
     return directory
 
 
-def transformers_step_ms(model: Any, prompt: list[int], batch: int, steps: int) -> float:
-    """Mean ms of one eager decode forward over a `DynamicCache` of `batch` rows."""
+def transformers_step_ms(model: Any, prompt: list[int], batch: int, steps: int) -> tuple[float, float]:
+    """Median and mean ms of one eager decode forward over a `DynamicCache` of `batch` rows."""
     import torch
     from transformers import DynamicCache
 
@@ -79,7 +82,7 @@ def transformers_step_ms(model: Any, prompt: list[int], batch: int, steps: int) 
             out = model(input_ids=token, **{keyword: cache}, use_cache=True)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             times.append(time.perf_counter() - start)
-    return 1e3 * statistics.mean(times[1:])
+    return 1e3 * statistics.median(times[1:]), 1e3 * statistics.mean(times[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,36 +105,49 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        directory = build_model(
-            args.model_dir or Path(tmp) / "host-cost-llama", args.layers, args.hidden, args.vocab
-        )
+        directory = build_model(args.model_dir or Path(tmp) / "host-cost-llama", args.layers, args.hidden, args.vocab)
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
         tokenizer = AutoTokenizer.from_pretrained(directory)
     prompt = [t % args.vocab for t in tokenizer("Write a short story about a lighthouse keeper.")["input_ids"]]
     batches = [int(b) for b in args.batch.split(",")]
     rows: list[dict[str, float]] = []
-    print(f"random Llama, {args.layers} layers of hidden size {args.hidden}, vocabulary {args.vocab}, float32, "
-          f"{args.threads} thread(s)")
-    print("| repetition | batch | transformers step ms | engine step | ms | engine / transformers |")
+    print(
+        f"random Llama, {args.layers} layers of hidden size {args.hidden}, vocabulary {args.vocab}, float32, "
+        f"{args.threads} thread(s)"
+    )
+    print("| repetition | batch | transformers median step ms | engine step | median ms | engine / transformers |")
     print("|---|---|---|---|---|---|")
     for repetition in range(1, args.repeat + 1):
         for batch in batches:
-            theirs = transformers_step_ms(model, prompt, batch, args.steps)
-            row: dict[str, float] = {"repetition": repetition, "batch": batch, "transformers_ms": theirs}
+            theirs, theirs_mean = transformers_step_ms(model, prompt, batch, args.steps)
+            row: dict[str, float] = {
+                "repetition": repetition,
+                "batch": batch,
+                "transformers_ms": theirs,
+                "transformers_mean_ms": theirs_mean,
+            }
             for variant in variants:
-                ours = breakdown(model, tokenizer, batch, args.steps + 2, prompt_ids=prompt, decode=variant)["total"]
-                row[f"engine_{variant}_ms"] = ours
+                steps = breakdown(model, tokenizer, batch, args.steps + 2, prompt_ids=prompt, decode=variant)
+                ours = steps["total_median"]
+                row[f"engine_{variant}_ms"], row[f"engine_{variant}_mean_ms"] = ours, steps["total"]
                 row.setdefault("engine_ms", ours)
-                print(f"| {repetition} | {batch} | {theirs:.2f} | {variant} | {ours:.2f} | {ours / theirs:.2f} |",
-                      flush=True)
+                print(
+                    f"| {repetition} | {batch} | {theirs:.2f} | {variant} | {ours:.2f} | {ours / theirs:.2f} |",
+                    flush=True,
+                )
             rows.append(row)
     for batch in batches:
         for variant in variants:
             ratios = [r[f"engine_{variant}_ms"] / r["transformers_ms"] for r in rows if r["batch"] == batch]
             print(f"batch {batch}, {variant}: engine / transformers median {statistics.median(ratios):.2f}")
     if args.json:
-        shape = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "threads": args.threads,
-                 "decode": variants}
+        shape = {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "vocab": args.vocab,
+            "threads": args.threads,
+            "decode": variants,
+        }
         args.json.write_text(json.dumps({**shape, "rows": rows}, indent=2) + "\n")
     return 0
 

@@ -63,9 +63,10 @@ def breakdown(
     profile_rows: int = 0,
 ) -> dict[str, float]:
     """Mean milliseconds per phase over the steps that decode all `batch` rows (each prompted with `prompt_ids`,
-    else the chat-templated story prompt), with the `decode` variant; with `gpu_time`, also `wall` and `gpu`
-    (profiled full-batch steps); with `reference` (greedy tokens of the prompt alone), `agree` (share of rows
-    equal to it) and `first_diff` (earliest position where a row parts from it, -1 if none does)."""
+    else the chat-templated story prompt) and the median step (`total_median`), with the `decode` variant; with
+    `gpu_time`, also `wall` and `gpu` (profiled full-batch steps); with `reference` (greedy tokens of the prompt
+    alone), `agree` (share of rows equal to it) and `first_diff` (earliest position where a row parts from it, -1
+    if none does)."""
     from transformers_openai.engine.core import EngineCore
     from transformers_openai.engine.request import EngineRequest
     from transformers_openai.engine.sampling_params import SamplingParams
@@ -104,6 +105,7 @@ def breakdown(
     full = [s.phase_s for s in steps.steps if s.batch_size == batch][1:]  # the first may include its prefill
     phases = ("forward", "sample", "output", "total")
     result = {phase: 1e3 * statistics.mean(step.get(phase, 0.0) for step in full) for phase in phases}
+    result["total_median"] = 1e3 * statistics.median(step.get("total", 0.0) for step in full)
     result |= profiled
     result["replays"] = float(runner.fixed.replays if runner.fixed is not None else 0)  # CUDA graph replays
     if reference is not None:

@@ -24,14 +24,15 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> PagedDecodeKernel:
     return built
 
 
-def gathered(query, keys, values, tables, lengths):  # type: ignore[no-untyped-def]
+def gathered(query, keys, values, tables, lengths, block=BLOCK, scale=None):  # type: ignore[no-untyped-def]
     """The reference: each row's tokens read out of the pool, padded to the widest, masked past its length."""
     rows, width = tables.shape
-    slots = (tables[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(rows, width * BLOCK)
+    slots = (tables[:, :, None] * block + torch.arange(block)).reshape(rows, width * block)
     k = keys[:, slots].transpose(0, 1)  # [rows, kv_heads, columns, dim]
     v = values[:, slots].transpose(0, 1)
-    mask = (torch.arange(width * BLOCK)[None, :] < lengths[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, enable_gqa=query.shape[1] != keys.shape[0])
+    mask = (torch.arange(width * block)[None, :] < lengths[:, None])[:, None, None, :]
+    gqa = query.shape[1] != keys.shape[0]
+    return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3)])
@@ -49,6 +50,21 @@ def test_the_kernel_equals_gathered_sdpa(kernel: PagedDecodeKernel, heads: int, 
     expected = gathered(query, keys, values, tables, lengths)
     got = kernel(query, keys, values, tables, lengths, BLOCK, dim**-0.5)
     assert got.shape == (rows, heads, 1, dim)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [16, 64, 80])  # sizes unrolled at compile time, and one that is not
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0])  # flat to sharp scores: e^x over its whole range
+def test_head_sizes_and_blocks_of_sixteen(kernel: PagedDecodeKernel, dim: int, scale: float) -> None:
+    generator = torch.Generator().manual_seed(dim)
+    block, blocks, width, rows, heads, kv_heads = 16, 40, 5, 7, 6, 3
+    keys = torch.randn(kv_heads, blocks * block, dim, generator=generator)
+    values = torch.randn(kv_heads, blocks * block, dim, generator=generator)
+    tables = torch.randperm(blocks, generator=generator)[: rows * width].view(rows, width)
+    lengths = torch.tensor([1, 3, 16, 17, 33, 61, 80])  # part-blocks, whole blocks, a tail of 1 to 3 keys
+    query = torch.randn(rows, 1, heads, dim, generator=generator).transpose(1, 2)
+    expected = gathered(query, keys, values, tables, lengths, block, scale)
+    got = kernel(query, keys, values, tables, lengths, block, scale)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 

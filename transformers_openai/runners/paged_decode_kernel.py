@@ -31,7 +31,133 @@ OP = "transformers_openai::paged_decode_attention"
 SOURCE = r"""
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+namespace {
+
+// e^x for x <= 0 (a score minus its row's maximum) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, e^r by its
+// Taylor polynomial of degree 7, 2^n written into the exponent bits. Plain arithmetic, so loops over it vectorize
+// (std::exp does not without -ffast-math). Below -87, e^x is taken as e^-87 (about 1.6e-38).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: the sum's low mantissa bits hold round(x / ln2)
+  const float shifted = x * 1.44269504088896341f + shifter;
+  const float n = shifted - shifter;
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;  // ln2 in two parts
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;  // n + 127 in the exponent field: 2^n
+  float power;
+  std::memcpy(&power, &bits, sizeof power);
+  return p * power;
+}
+
+// What one (row, K/V head) reads and where its scratch is.
+struct Item {
+  const float* query;   // [group, dim]: the query heads that share this K/V head
+  const float* keys;    // this head's pool, [slots, dim]
+  const float* values;
+  const int64_t* table;  // the row's block ids
+  int64_t length;        // tokens to attend to
+  float* out;            // [group, dim]
+};
+
+// Attention of `group` query heads over one K/V head of one row, block by block. DIM > 0 fixes the head size at
+// compile time (the dot products and sums unroll); 0 takes `dim`. `scores` holds `group` rows of `stride` floats,
+// `acc` group * dim, `sums` group.
+template <int DIM>
+void attend(const Item& item, int64_t group, int64_t dim_arg, int64_t block, float scale, float* scores,
+            int64_t stride, float* acc, float* sums) {
+  const int64_t dim = DIM > 0 ? DIM : dim_arg;
+  const int64_t length = item.length;
+  // The blocks lie apart in the pool, where the hardware's prefetchers do not follow: ask for all of them first.
+  for (int64_t start = 0; start < length; start += block) {
+    const int64_t count = length - start < block ? length - start : block;
+    const char* k = reinterpret_cast<const char*>(item.keys + item.table[start / block] * block * dim);
+    const char* v = reinterpret_cast<const char*>(item.values + item.table[start / block] * block * dim);
+    for (int64_t byte = 0; byte < count * dim * int64_t(sizeof(float)); byte += 64) {
+      __builtin_prefetch(k + byte);
+      __builtin_prefetch(v + byte);
+    }
+  }
+  // Scores, four keys at a time (four independent sums).
+  for (int64_t start = 0; start < length; start += block) {
+    const float* key = item.keys + item.table[start / block] * block * dim;
+    const int64_t count = length - start < block ? length - start : block;
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4, key += 4 * dim) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float* q = item.query + g * dim;
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+        for (int64_t d = 0; d < dim; ++d) {
+          d0 += q[d] * key[d];
+          d1 += q[d] * key[dim + d];
+          d2 += q[d] * key[2 * dim + d];
+          d3 += q[d] * key[3 * dim + d];
+        }
+        float* s = scores + g * stride + start + i;
+        s[0] = d0 * scale;
+        s[1] = d1 * scale;
+        s[2] = d2 * scale;
+        s[3] = d3 * scale;
+      }
+    }
+    for (; i < count; ++i, key += dim) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float* q = item.query + g * dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; ++d) dot += q[d] * key[d];
+        scores[g * stride + start + i] = dot * scale;
+      }
+    }
+  }
+  // Softmax numerators and their sums (the division comes at the end, once per output element).
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * stride;
+    float top = -INFINITY;
+#pragma omp simd reduction(max : top)
+    for (int64_t pos = 0; pos < length; ++pos) top = s[pos] > top ? s[pos] : top;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t pos = 0; pos < length; ++pos) {
+      const float e = exp_nonpositive(s[pos] - top);
+      s[pos] = e;
+      sum += e;
+    }
+    sums[g] = sum;
+  }
+  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
+  for (int64_t start = 0; start < length; start += block) {
+    const float* value = item.values + item.table[start / block] * block * dim;
+    const int64_t count = length - start < block ? length - start : block;
+    for (int64_t i = 0; i < count; ++i, value += dim) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[g * stride + start + i];
+        float* a = acc + g * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) a[d] += p * value[d];
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float inverse = 1.0f / sums[g];
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) item.out[g * dim + d] = acc[g * dim + d] * inverse;
+  }
+}
+
+}  // namespace
 
 // q [rows, heads, dim]; pools [kv_heads, slots, dim]; tables [rows, width] (block ids); lengths [rows] (tokens
 // each row attends to, its newest included); out [rows, heads, dim]. Query head h reads K/V head h / group.
@@ -45,59 +171,22 @@ extern "C" void paged_decode_attention_f32(
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores(group * most);
-    std::vector<float> top(group);
     std::vector<float> acc(group * dim);
+    std::vector<float> sums(group);
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t row = item / kv_heads, head = item % kv_heads;
-      const int64_t length = lengths[row] < most ? lengths[row] : most;
-      const float* query = q + (row * heads + head * group) * dim;
-      const float* keys = k_pool + head * slots * dim;
-      const float* values = v_pool + head * slots * dim;
-      const int64_t* table = tables + row * width;
-      for (int64_t g = 0; g < group; ++g) top[g] = -INFINITY;
-      // Scores, block by block: each block's keys are `block` consecutive slots.
-      for (int64_t start = 0; start < length; start += block) {
-        const float* key = keys + table[start / block] * block * dim;
-        const int64_t count = length - start < block ? length - start : block;
-        for (int64_t i = 0; i < count; ++i, key += dim) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qg = query + g * dim;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < dim; ++d) dot += qg[d] * key[d];
-            dot *= scale;
-            scores[g * most + start + i] = dot;
-            top[g] = dot > top[g] ? dot : top[g];
-          }
-        }
+    for (int64_t index = 0; index < items; ++index) {
+      const int64_t row = index / kv_heads, head = index % kv_heads;
+      const int64_t offset = (row * heads + head * group) * dim;
+      const Item item{q + offset, k_pool + head * slots * dim, v_pool + head * slots * dim, tables + row * width,
+                       lengths[row] < most ? lengths[row] : most, out + offset};
+      float *s = scores.data(), *a = acc.data(), *m = sums.data();
+      switch (dim) {  // the usual head sizes unrolled
+        case 16: attend<16>(item, group, dim, block, scale, s, most, a, m); break;
+        case 32: attend<32>(item, group, dim, block, scale, s, most, a, m); break;
+        case 64: attend<64>(item, group, dim, block, scale, s, most, a, m); break;
+        case 128: attend<128>(item, group, dim, block, scale, s, most, a, m); break;
+        default: attend<0>(item, group, dim, block, scale, s, most, a, m);
       }
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * most;
-        float total = 0.0f;
-        for (int64_t pos = 0; pos < length; ++pos) {
-          s[pos] = std::exp(s[pos] - top[g]);
-          total += s[pos];
-        }
-        const float inverse = 1.0f / total;
-#pragma omp simd
-        for (int64_t pos = 0; pos < length; ++pos) s[pos] *= inverse;
-      }
-      for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
-      for (int64_t start = 0; start < length; start += block) {
-        const float* value = values + table[start / block] * block * dim;
-        const int64_t count = length - start < block ? length - start : block;
-        for (int64_t i = 0; i < count; ++i, value += dim) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float p = scores[g * most + start + i];
-            float* a = acc.data() + g * dim;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) a[d] += p * value[d];
-          }
-        }
-      }
-      float* o = out + (row * heads + head * group) * dim;
-      for (int64_t i = 0; i < group * dim; ++i) o[i] = acc[i];
     }
   }
 }
