@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from transformers_openai.runners.paged_decode_kernel import PagedDecodeKernel, load
+from transformers_openai.runners.paged_decode_kernel import attention, load
 from transformers_openai.runners.step_store import has_cxx_compiler
 
 pytestmark = pytest.mark.skipif(not has_cxx_compiler(), reason="the kernel is built with a C++ compiler")
@@ -18,10 +21,9 @@ BLOCK = 4
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> PagedDecodeKernel:
-    built = load(tmp_path_factory.mktemp("kernels"))
-    assert built is not None
-    return built
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., torch.Tensor]:
+    assert load(tmp_path_factory.mktemp("kernels"))
+    return attention
 
 
 def gathered(query, keys, values, tables, lengths, block=BLOCK, scale=None):  # type: ignore[no-untyped-def]
@@ -37,7 +39,9 @@ def gathered(query, keys, values, tables, lengths, block=BLOCK, scale=None):  # 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3)])
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_the_kernel_equals_gathered_sdpa(kernel: PagedDecodeKernel, heads: int, kv_heads: int, rows: int) -> None:
+def test_the_kernel_equals_gathered_sdpa(
+    kernel: Callable[..., torch.Tensor], heads: int, kv_heads: int, rows: int
+) -> None:
     generator = torch.Generator().manual_seed(rows * 100 + heads)
     dim, blocks, width = 32, 40, 6
     keys = torch.randn(kv_heads, blocks * BLOCK, dim, generator=generator)
@@ -55,7 +59,7 @@ def test_the_kernel_equals_gathered_sdpa(kernel: PagedDecodeKernel, heads: int, 
 
 @pytest.mark.parametrize("dim", [16, 64, 80])  # sizes unrolled at compile time, and one that is not
 @pytest.mark.parametrize("scale", [0.05, 0.5, 2.0])  # flat to sharp scores: e^x over its whole range
-def test_head_sizes_and_blocks_of_sixteen(kernel: PagedDecodeKernel, dim: int, scale: float) -> None:
+def test_head_sizes_and_blocks_of_sixteen(kernel: Callable[..., torch.Tensor], dim: int, scale: float) -> None:
     generator = torch.Generator().manual_seed(dim)
     block, blocks, width, rows, heads, kv_heads = 16, 40, 5, 7, 6, 3
     keys = torch.randn(kv_heads, blocks * block, dim, generator=generator)
@@ -68,7 +72,7 @@ def test_head_sizes_and_blocks_of_sixteen(kernel: PagedDecodeKernel, dim: int, s
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_tokens_past_a_row_s_length_are_never_read(kernel: PagedDecodeKernel) -> None:
+def test_tokens_past_a_row_s_length_are_never_read(kernel: Callable[..., torch.Tensor]) -> None:
     keys, values = torch.randn(2, 10 * BLOCK, 8), torch.randn(2, 10 * BLOCK, 8)
     tables, lengths = torch.tensor([[3, 4, 5]]), torch.tensor([5])
     query = torch.randn(1, 2, 1, 8)
@@ -80,10 +84,30 @@ def test_tokens_past_a_row_s_length_are_never_read(kernel: PagedDecodeKernel) ->
     assert torch.equal(before, after)
 
 
+LOAD_AND_CALL = """
+import sys
+from pathlib import Path
+import torch
+from transformers_openai.runners.paged_decode_kernel import attention, load
+assert load(Path(sys.argv[1]))
+keys, values = torch.ones(1, 8, 4), torch.arange(32.0).view(1, 8, 4)
+out = attention(torch.ones(1, 1, 1, 4), keys, values, torch.tensor([[1]]), torch.tensor([2]), 4, 0.5)
+print(out.flatten().tolist())
+"""
+
+
 def test_a_kernel_built_once_is_loaded_from_its_directory(tmp_path: Path) -> None:
-    assert load(tmp_path) is not None
+    """A fresh process builds the library into the directory; the next one loads it from there, and both get the
+    operator (here: equal scores, so the mean of the values of slots 4 and 5)."""
+
+    def start() -> str:
+        done = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, str(tmp_path)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert start() == "[18.0, 19.0, 20.0, 21.0]"
     built = list(tmp_path.glob("paged-decode-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    assert load(tmp_path) is not None
+    assert start() == "[18.0, 19.0, 20.0, 21.0]"
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*")) == built  # not built again

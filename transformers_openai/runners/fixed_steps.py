@@ -275,10 +275,8 @@ class FixedSteps:
         cache = self.cache
         if cache.device.type != "cpu" or cache.geometry.dtype != torch.float32:
             return False
-        kernel = paged_decode_kernel.load(directory)
-        if kernel is None:
+        if not paged_decode_kernel.load(directory):
             return False
-        paged_decode_kernel.register_op(kernel)
         self._in_place = True
         logger.info("decode attention reads each row's K/V in place in the pool (paged decode kernel)")
         return True
