@@ -66,6 +66,15 @@ inline float exp_nonpositive(float x) {
   return p * power;
 }
 
+// How far ahead of its reads a pass asks for keys or values: a few blocks, well inside the L2 cache.
+constexpr int64_t kLookahead = 32 * 1024;
+
+// Asks for one block of a head's pool (`bytes` from block `id`), a cache line at a time.
+inline void prefetch(const float* pool, int64_t id, int64_t bytes) {
+  const char* start = reinterpret_cast<const char*>(pool) + id * bytes;
+  for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(start + byte);
+}
+
 // What one (row, K/V head) reads and where its scratch is.
 struct Item {
   const float* query;   // [group, dim]: the query heads that share this K/V head
@@ -84,18 +93,18 @@ void attend(const Item& item, int64_t group, int64_t dim_arg, int64_t block, flo
             int64_t stride, float* acc, float* sums) {
   const int64_t dim = DIM > 0 ? DIM : dim_arg;
   const int64_t length = item.length;
-  // The blocks lie apart in the pool, where the hardware's prefetchers do not follow: ask for all of them first.
-  for (int64_t start = 0; start < length; start += block) {
-    const int64_t count = length - start < block ? length - start : block;
-    const char* k = reinterpret_cast<const char*>(item.keys + item.table[start / block] * block * dim);
-    const char* v = reinterpret_cast<const char*>(item.values + item.table[start / block] * block * dim);
-    for (int64_t byte = 0; byte < count * dim * int64_t(sizeof(float)); byte += 64) {
-      __builtin_prefetch(k + byte);
-      __builtin_prefetch(v + byte);
-    }
+  // The blocks lie apart in the pool, where the hardware's prefetchers do not follow: the first `ahead` blocks of
+  // keys and values are asked for at once, then each pass asks for the block `ahead` past the one it reads.
+  const int64_t block_bytes = block * dim * int64_t(sizeof(float));
+  const int64_t ahead = block_bytes >= kLookahead ? 1 : kLookahead / block_bytes;
+  const int64_t blocks = (length + block - 1) / block;
+  for (int64_t b = 0; b < blocks && b < ahead; ++b) {
+    prefetch(item.keys, item.table[b], block_bytes);
+    prefetch(item.values, item.table[b], block_bytes);
   }
   // Scores, four keys at a time (four independent sums).
   for (int64_t start = 0; start < length; start += block) {
+    if (start / block + ahead < blocks) prefetch(item.keys, item.table[start / block + ahead], block_bytes);
     const float* key = item.keys + item.table[start / block] * block * dim;
     const int64_t count = length - start < block ? length - start : block;
     int64_t i = 0;
@@ -144,6 +153,7 @@ void attend(const Item& item, int64_t group, int64_t dim_arg, int64_t block, flo
   }
   for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
   for (int64_t start = 0; start < length; start += block) {
+    if (start / block + ahead < blocks) prefetch(item.values, item.table[start / block + ahead], block_bytes);
     const float* value = item.values + item.table[start / block] * block * dim;
     const int64_t count = length - start < block ? length - start : block;
     for (int64_t i = 0; i < count; ++i, value += dim) {
