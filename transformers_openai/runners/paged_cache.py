@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache
 
 from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
 from transformers_openai.runners.kv_cache import OwnedLayer
+from transformers_openai.runners.paged_decode_kernel import attention as attention_in_place
 from transformers_openai.runners.prefill_groups import length_groups
 
 
@@ -242,7 +243,7 @@ class PagedKVCache(Cache):
         heads, dim = keys.shape[0], keys.shape[2]
         if plan.in_place is not None:
             scale = dim**-0.5 if scaling is None else scaling
-            read: torch.Tensor = torch.ops.transformers_openai.paged_decode_attention(
+            read = attention_in_place(
                 query, keys, values, plan.in_place.tables, plan.in_place.lengths, self.block_size, scale
             )
             return read.transpose(1, 2)

@@ -172,8 +172,6 @@ void attend(const Item& item, int64_t group, int64_t dim_arg, int64_t block, flo
   }
 }
 
-}  // namespace
-
 // q [rows, heads, dim]; pools [kv_heads, slots, dim]; tables [rows, width] (block ids); lengths [rows] (tokens
 // each row attends to, its newest included); out [rows, heads, dim]. Query head h reads K/V head h / group.
 void paged_decode_attention_f32(
@@ -227,6 +225,8 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
                              static_cast<float>(scale), at::get_num_threads());
   return out;
 }
+
+}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(transformers_openai, m) {
   m.def("paged_decode_attention(Tensor query, Tensor keys, Tensor values, Tensor tables, Tensor lengths, "
