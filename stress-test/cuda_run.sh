@@ -4,7 +4,8 @@
 #   2. for each, compare.py in bf16 against `transformers serve --continuous-batching` on the same GPU,
 #      interleaved (ours, theirs, ours, theirs), concurrency 1 and 16, streaming chat, 64 tokens per answer;
 #   3. kv_memory.py (15 short requests + one 3,000-token prompt) on the 1B shape: torch.cuda.max_memory_allocated;
-#   4. step_breakdown.py on the 1B shape: the eager step against the CUDA-graph step at batch 1, 16 and 64, wall
+#   4. step_breakdown.py on the 1B shape: the eager step against the CUDA-graph step (and it launched ahead, as the
+#      server runs it) at batch 1, 16 and 64, wall
 #      time against the GPU's busy time (torch profiler), greedy tokens against `generate` (bf16, and fp32 at 16).
 # Usage: bash stress-test/cuda_run.sh LIKE_MODEL_DIR OUT_DIR [STEP ...]
 #   STEP: smollm2-135m-shape, llama-1b-shape (a comparison each), memory or breakdown; default the first three, in
@@ -32,7 +33,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 for step in "${steps[@]}"; do
   if [ "$step" = breakdown ]; then
     python3 "$here/step_breakdown.py" --model "$models/llama-1b-shape" --device cuda --dtype bfloat16 --weights plain \
-      --threads 4 --batch 1,16,64 --decode grouped,graphs --gpu-time --agreement --profile-table "${PROFILE_ROWS:-0}" \
+      --threads 4 --batch 1,16,64 --decode grouped,graphs,ahead --gpu-time --agreement --profile-table "${PROFILE_ROWS:-0}" \
       --out "$out/step-breakdown-llama-1b.json" 2>&1 | tee "$out/step-breakdown-llama-1b.txt"
     python3 "$here/step_breakdown.py" --model "$models/llama-1b-shape" --device cuda --dtype float32 --weights plain \
       --threads 4 --batch 16 --decode graphs --agreement 2>&1 | tee -a "$out/step-breakdown-llama-1b.txt"

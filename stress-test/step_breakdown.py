@@ -7,8 +7,9 @@ sampler, with the model kind's logits processors), output (detokenizing, stop st
 
 Decode variants (`--decode`, measured interleaved): `grouped` (the eager step planned row by row, rows in length
 groups), `fixed` (persistent buffers at the batch's exact shape, eager), `buckets` (the same padded to the batch and
-width buckets, eager), `graphs` (the buckets captured as CUDA graphs: the server's default on CUDA), `compiled` (the
-exact-shape decode step compiled by `torch.compile`: the server's default on a CPU).
+width buckets, eager), `graphs` (the buckets captured as CUDA graphs), `ahead` (those graphs, each decode step launched
+before the last one's tokens are recorded: the server's default on CUDA), `compiled` (the exact-shape decode step
+compiled by `torch.compile`: the server's default on a CPU).
 `--gpu-time` profiles some full-batch steps (torch profiler) and reports the GPU's busy time per step beside the
 step's wall time; `--agreement` compares every row's greedy tokens with `model.generate` of the prompt alone.
 
@@ -76,12 +77,14 @@ def breakdown(
 
     steps = _Steps()
     runner = CausalLMRunner(model, max_rows=batch, max_model_len=1024)
-    padded = {"graphs": True, "buckets": True, "fixed": False, "compiled": False}
+    padded = {"graphs": True, "ahead": True, "buckets": True, "fixed": False, "compiled": False}
     compiled = decode == "compiled"  # as the server on a CPU: prompts keep the grouped prefill
-    if decode != "grouped" and not runner.fix_steps(decode == "graphs", padded[decode], compiled, not compiled):
+    graphs = decode in ("graphs", "ahead")
+    if decode != "grouped" and not runner.fix_steps(graphs, padded[decode], compiled, not compiled):
         raise SystemExit(f"{decode}: this model's attention does not take fixed-shape decode steps")
     eos = frozenset({tokenizer.eos_token_id})
-    core = EngineCore(runner, engine_decoder(tokenizer), Scheduler(batch, batch), eos, steps)
+    lookahead = decode == "ahead"  # as the server over CUDA graphs
+    core = EngineCore(runner, engine_decoder(tokenizer), Scheduler(batch, batch), eos, steps, lookahead=lookahead)
     messages = [{"role": "user", "content": PROMPT}]
     ids = prompt_ids or tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--json-rows", type=int, default=0, help="rows bound to a JSON schema (structured output)")
     parser.add_argument("--decode", default="grouped", help="comma-separated decode variants, measured interleaved: "
-                        "grouped, fixed, buckets, graphs, compiled (default: %(default)s)")
+                        "grouped, fixed, buckets, graphs, ahead, compiled (default: %(default)s)")
     parser.add_argument("--gpu-time", action="store_true", help="GPU busy time per step (CUDA, torch profiler)")
     parser.add_argument("--agreement", action="store_true", help="rows' greedy tokens against model.generate")
     parser.add_argument("--profile-table", type=int, default=0, metavar="N",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,6 +58,8 @@ from transformers_openai.settings import Settings
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CONTEXT = 2048
+# The GIL switch interval of a server whose decode steps run as CUDA graphs (Python's default: 5 ms).
+GPU_ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 def detect_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:
@@ -223,9 +226,14 @@ def load_serving_context(
     if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
         runner.executor = leader.lead(runner.executor, ranks)
     phases.done("K/V cache")
+    lookahead = False  # decode steps launched before the last one's tokens are recorded (engine/core.py)
     if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
         if model.device.type == "cuda" and runner.fix_steps(graphs=True):
             phases.done("CUDA graphs")
+            lookahead = True
+            # A step's host work is a fraction of its device time: the engine thread, waiting for the device
+            # without the GIL, must get it back soon, not after the 5 ms the event loop may keep it by default.
+            sys.setswitchinterval(GPU_ENGINE_SWITCH_INTERVAL_S)
         # A CPU compiles the decode step, or loads it as an earlier start compiled it (batch sizes and widths
         # symbolic); prompts keep the grouped eager prefill. Quantized layers keep their own kernels, eagerly.
         elif model.device.type == "cpu" and settings.cpu_compile and quantization == "none":
@@ -244,7 +252,7 @@ def load_serving_context(
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None
-    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer, threads)
+    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer, threads, lookahead)
     template = settings.chat_template.read_text() if settings.chat_template else None
     tokenizer_service = TokenizerService(tokenizer, template)
     tool_format = (

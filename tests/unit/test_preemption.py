@@ -84,14 +84,17 @@ def llama_reference(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> l
 PROMPTS = [list(range(10 + i, 10 + i + n)) for i, n in enumerate([9, 3, 14, 6, 11])]
 
 
+@pytest.mark.parametrize("lookahead", [False, True], ids=["", "lookahead"])
 @pytest.mark.parametrize("fixed", [False, True], ids=["grouped-decode", "fixed-decode"])
-def test_decoder_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama, llama_tokenizer, fixed) -> None:
+def test_decoder_rows_preempted_for_room_resume_with_the_same_greedy_tokens(
+    llama, llama_tokenizer, fixed, lookahead
+) -> None:
     # 5 requests of up to 14 + 14 tokens (up to 7 blocks each) in a pool of 14 blocks: they cannot all run.
     runner = CausalLMRunner(llama, max_rows=5, max_model_len=64, kv=space(llama, 14))
     if fixed:  # fixed-shape decode steps (padded to buckets, as CUDA graphs run them), where they fit the pool
         assert runner.fix_steps(graphs=False, buckets=True)
     observer = Steps()
-    core = EngineCore(runner, llama_tokenizer, Scheduler(5, 16), frozenset(), observer)
+    core = EngineCore(runner, llama_tokenizer, Scheduler(5, 16), frozenset(), observer, lookahead=lookahead)
     requests = [EngineRequest(f"r{i}", prompt, greedy()) for i, prompt in enumerate(PROMPTS)]
     tokens = run(core, requests)
     assert tokens == {r.request_id: llama_reference(llama, r.prompt_token_ids) for r in requests}

@@ -1,11 +1,18 @@
-"""The synchronous heart of the engine: one `step` admits, prefills, decodes, samples and retires rows."""
+"""The synchronous heart of the engine: one `step` admits, prefills, decodes, samples and retires rows.
+
+With `lookahead` (a runner whose steps run asynchronously, as CUDA graphs on a GPU), a step launches the next decode
+step as soon as its own tokens are drawn, before it records them: the device computes while the host detokenizes,
+matches stop strings, retires rows and admits new ones, and the next step starts by reading what it computed. A row
+that finished meanwhile has its launched token discarded (one wasted row of one step); a row admitted meanwhile joins
+the launch after.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -22,6 +29,18 @@ from transformers_openai.runners.block_table import BlockTable
 
 logger = logging.getLogger(__name__)
 
+Drawn = list[tuple[Sequence, int, tuple[float, list[tuple[int, float]]] | None]]
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A decode step launched ahead (`lookahead`) whose logits are not read yet: its rows' sequences and the block
+    tables they held at launch (a row whose table changed since, preempted or re-admitted, is not continued)."""
+
+    seqs: list[Sequence]
+    tables: list[BlockTable]
+    logits: torch.Tensor  # [rows, vocab], in the order of `seqs`
+
 
 class EngineCore:
     """Owns the runner, the scheduler and the K/V manager of the runner's pool; only the engine thread calls it."""
@@ -34,8 +53,11 @@ class EngineCore:
         stop_token_ids: frozenset[int],
         observer: EngineObserver | None = None,
         threads: IntraOpThreads | None = None,
+        lookahead: bool = False,
     ) -> None:
         self.runner = runner
+        self.lookahead = lookahead  # launch each decode step before recording the last one (module docstring)
+        self._launched: _Launched | None = None
         self._threads = threads  # on a CPU: the engine thread's torch threads
         self.scheduler = scheduler
         self.kv = KVManager(runner.kv_pool)
@@ -109,16 +131,29 @@ class EngineCore:
         if publish is not None and outputs:
             publish(outputs)
             outputs = []
-        preempted = self._make_room(outputs) if self.scheduler.running else 0
-        running = self.scheduler.running
-        batch_size = len(running)
-        if running:
-            by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
+        preempted = 0
+        drawn: Drawn = []
+        launched, self._launched = self._launched, None
+        if launched is not None:  # launched by the last step: its rows that are still running as they were
+            drawn = self._read_launched(launched, outputs, clock)
+            batch_size = len(drawn)
+        else:
+            preempted = self._make_room(outputs) if self.scheduler.running else 0
+            running = self.scheduler.running
+            batch_size = len(running)
+            if running:
+                by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
+                with clock("forward"):
+                    decoded = self._decode(by_slot, outputs)
+                if decoded is not None:
+                    slots, logits = decoded
+                    with clock("sample"):
+                        drawn = self._draw(logits, [by_slot[slot] for slot in slots], outputs)
+        if self.lookahead and self.scheduler.running:
             with clock("forward"):
-                decoded = self._decode(by_slot, outputs)
-            if decoded is not None:
-                slots, logits = decoded
-                self._sample(logits, [by_slot[slot] for slot in slots], outputs, gaps, clock)
+                self._launched = self._launch(drawn)
+        with clock("output"):
+            self._record(drawn, outputs, gaps)
         self.observer.on_step(
             StepStats(
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
@@ -227,6 +262,46 @@ class EngineCore:
             return decoded
         return None
 
+    def _read_launched(self, launched: _Launched, outputs: list[RequestOutput], clock: PhaseClock) -> Drawn:
+        """Draws the next token of each row of a decode launched ahead that is still running with the table it had;
+        the others' logits are dropped (finished, aborted or preempted since)."""
+        running = self.scheduler.running
+        live = [
+            i
+            for i, (seq, table) in enumerate(zip(launched.seqs, launched.tables, strict=True))
+            if running.get(seq.request_id) is seq and seq.prefill.kv is table
+        ]
+        if not live:
+            return []
+        logits = launched.logits if len(live) == len(launched.seqs) else launched.logits[live]
+        with clock("sample"):
+            return self._draw(logits, [launched.seqs[i] for i in live], outputs)
+
+    def _launch(self, drawn: Drawn) -> _Launched | None:
+        """Launches the decode step of every running row before `drawn` is recorded: each row fed its token just
+        drawn, a row admitted this step its first. None (the next step decodes as usual) when a row would need
+        another's memory (preemption waits for the records) or the launch fails (the next step isolates the row)."""
+        fed = {id(seq): token for seq, token, _ in drawn}
+        seqs = [seq for seq in self.scheduler.running.values() if seq.slot is not None]
+        tables = [_table(seq) for seq in seqs]
+        if not seqs or not self.kv.grow(tables):
+            return None
+        rows = {
+            seq.slot: (table, fed[id(seq)] if id(seq) in fed else seq.output_ids[-1])
+            for seq, table in zip(seqs, tables, strict=True)
+            if seq.slot is not None
+        }
+        try:
+            slots, logits = self.runner.decode(rows)
+        except Exception:  # decoded again by the next step, which ends the row at fault alone
+            logger.debug("a decode step launched ahead failed; the next step runs it again", exc_info=True)
+            return None
+        for table, token in rows.values():
+            self.kv.written(table, [token])
+        by_slot = {seq.slot: seq for seq in seqs}
+        ordered = [by_slot[slot] for slot in slots]
+        return _Launched(ordered, [_table(seq) for seq in ordered], logits)
+
     def _failing_alone(self, rows: DecodeRows) -> dict[int, Exception]:
         failing: dict[int, Exception] = {}
         for slot, row in rows.items():
@@ -249,12 +324,7 @@ class EngineCore:
         with clock("output"):
             self._record(drawn, outputs, gaps)
 
-    def _record(
-        self,
-        drawn: list[tuple[Sequence, int, tuple[float, list[tuple[int, float]]] | None]],
-        outputs: list[RequestOutput],
-        gaps: list[float],
-    ) -> None:
+    def _record(self, drawn: Drawn, outputs: list[RequestOutput], gaps: list[float]) -> None:
         """Appends each row's new token: its output (text, stop strings), and the end of rows that finished."""
         for seq, token_id, logprob in drawn:
             try:
@@ -271,9 +341,7 @@ class EngineCore:
                 self._release(seq)
                 self._finished(seq)
 
-    def _draw(
-        self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]
-    ) -> list[tuple[Sequence, int, tuple[float, list[tuple[int, float]]] | None]]:
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[RequestOutput]) -> Drawn:
         """Samples every row at once; if that fails, row by row, ending only the rows that fail alone.
 
         The random generators are rewound before the retry, so a seeded row draws what it would have drawn.
