@@ -76,13 +76,15 @@ class Settings(BaseSettings):
     cpu_compile: bool = Field(
         True,
         description="On a CPU, run a plain causal decoder's decode steps compiled by torch.compile (inductor's C++ "
-        "kernels: 10-30% shorter steps; without a C++ compiler they run eagerly). The first start compiles two "
-        "graphs, 100-130 s on two cores, and keeps them in --compile-cache-dir; later starts load them in 2-3 s.",
+        "kernels and a C++ wrapper calling them: 10-30% shorter steps; without a C++ compiler they run eagerly). The "
+        "first start compiles two graphs, about 250 s for SmolLM2-135M on two cores, and keeps them in "
+        "--compile-cache-dir; later starts load them in 2-3 s.",
     )
     compile_cache_dir: Path = Field(
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",
-        description="Where compiled steps and the paged decode attention kernel are kept between starts (default: "
-        "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and a shared library, loaded at start: keep it "
+        description="Where compiled steps, the C++ inductor built for them (its cache: TORCHINDUCTOR_CACHE_DIR is "
+        "set to a folder here) and the paged decode attention kernel are kept between starts (default: "
+        "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and shared libraries, loaded at start: keep it "
         "writable by the server's user alone.",
     )
     device_map: str | None = Field(

@@ -1,9 +1,10 @@
 """Compiled steps kept on disk (`runners/step_store.py`): a stored step is loaded, not compiled again, and computes
 what its function does; one stored for other shapes fails its guards and is compiled anew (and stored over it); a
-file that cannot be read is compiled anew too."""
+file that cannot be read is compiled anew too; the C++ inductor builds for a step is kept beside it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,15 @@ def project(owner: Weights, x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x @ owner.weight.T) + 1
 
 
-def test_a_stored_step_is_loaded_and_computes_its_function(tmp_path: Path) -> None:
+def test_a_stored_step_is_loaded_and_computes_its_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))  # restored after
     owner, x = Weights(3), torch.randn(5, 8)
     path = tmp_path / "step.bin"
     first, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
     assert not loaded and path.exists()
+    # Inductor's cache beside the stored step, holding the shared library it built for it.
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert any((tmp_path / "inductor").rglob("*.so"))
     again, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
     assert loaded
     other_owner, more_rows = Weights(3), torch.randn(9, 8)  # a symbolic batch; new weights of the same shape

@@ -75,6 +75,8 @@ def compiled_step(
     """`fn` compiled for calls like `example` (dims `(argument, dim)` of `dynamic` symbolic): loaded from `path`
     when a step stored there passes its guards on `example`, else compiled here (minutes) and stored there. True
     when loaded."""
+    if path is not None:
+        keep_compiler_cache(path.parent)
     if path is not None and path.exists():
         try:
             with path.open("rb") as stored:
@@ -93,7 +95,9 @@ def compiled_step(
     inputs = [value[...] if isinstance(value, torch.Tensor) else value for value in example]
     for argument, dim in dynamic:
         torch._dynamo.maybe_mark_dynamic(inputs[argument], dim)  # sizes of 1 stay specialised
-    options: dict[str, Any] = {"guard_filter_fn": _storable_guards}
+    # The wrapper that calls the step's kernels in C++ too: Python's (views, size checks, one binding call per
+    # kernel) took a quarter of a 16-row step of a narrow model (`stress-test/host_cost.py`).
+    options: dict[str, Any] = {"guard_filter_fn": _storable_guards, "cpp_wrapper": True}
     compiler: Any = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
     compiled = compiler.aot_compile((tuple(inputs), {}))
     if path is not None:
@@ -104,6 +108,15 @@ def compiled_step(
             logger.warning("could not store the compiled step in %s: the next start compiles it again", path)
     compiled.disable_guard_check()
     return compiled, False
+
+
+def keep_compiler_cache(store: Path) -> None:
+    """Inductor's own cache (the C++ it builds for a step: kernels and wrapper) kept in `store` beside the stored
+    steps: a stored step's code is built again when that cache is gone (about 100 s a graph for SmolLM2 on two
+    cores, where a load takes 3), and inductor's default place, under /tmp, may not outlive the machine's next start.
+    Inductor reads TORCHINDUCTOR_CACHE_DIR whenever it needs its cache (torch's own imports set it to the default,
+    so a value found there is not the user's choice: `store` replaces it)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(store / "inductor")
 
 
 def _storable_guards(entries: Sequence[Any]) -> list[bool]:
