@@ -299,8 +299,7 @@ class EngineCore:
         for table, token in rows.values():
             self.kv.written(table, [token])
         by_slot = {seq.slot: seq for seq in seqs}
-        ordered = [by_slot[slot] for slot in slots]
-        return _Launched(ordered, [_table(seq) for seq in ordered], logits)
+        return _Launched([by_slot[slot] for slot in slots], [rows[slot][0] for slot in slots], logits)
 
     def _failing_alone(self, rows: DecodeRows) -> dict[int, Exception]:
         failing: dict[int, Exception] = {}
