@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         description="On a CPU, run a plain causal decoder's decode steps compiled by torch.compile (inductor's C++ "
         "kernels and a C++ wrapper calling them: 10-30% shorter steps; without a C++ compiler they run eagerly). The "
         "first start compiles two graphs, about 250 s for SmolLM2-135M on two cores, and keeps them in "
-        "--compile-cache-dir; later starts load them in 2-3 s.",
+        "--compile-cache-dir; later starts load them in about a second.",
     )
     compile_cache_dir: Path = Field(
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",

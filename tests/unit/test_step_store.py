@@ -1,6 +1,8 @@
 """Compiled steps kept on disk (`runners/step_store.py`): a stored step is loaded, not compiled again, and computes
 what its function does; one stored for other shapes fails its guards and is compiled anew (and stored over it); a
-file that cannot be read is compiled anew too; the C++ inductor builds for a step is kept beside it."""
+file that cannot be read is compiled anew too; the C++ inductor builds for a step is kept beside it. Guards on a
+model's module structure are not stored, those on its weights are; a compile records which instruction sets
+inductor's probe accepted, and a later start on a CPU reporting those same sets is spared the probe."""
 
 from __future__ import annotations
 
@@ -9,8 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.cpu_vec_isa import VecISA, valid_vec_isa_list
 
-from transformers_openai.runners.step_store import compiled_step, has_cxx_compiler, store_key
+from transformers_openai.runners.step_store import (
+    VEC_ISA_RECORD,
+    compiled_step,
+    has_cxx_compiler,
+    store_key,
+    trust_recorded_vec_isas,
+    usable_vec_isas,
+)
 
 pytestmark = pytest.mark.skipif(
     not has_cxx_compiler(), reason="torch.compile's CPU kernels need a C++ compiler (scripts/test.sh installs g++)"
@@ -61,3 +72,70 @@ def test_a_step_stored_for_other_shapes_or_unreadable_is_compiled_anew(tmp_path:
 def test_the_key_names_what_guards_do_not_check() -> None:
     assert store_key(["model a"]) == store_key(["model a"])
     assert store_key(["model a"]) != store_key(["model b"])
+
+
+class Layers(torch.nn.Module):
+    """A model-like owner: weights inside submodules."""
+
+    def __init__(self, outputs: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, outputs))
+
+
+def run_layers(owner: Layers, x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = owner.body(x)
+    return out
+
+
+@torch.no_grad()
+def test_a_stored_module_step_keeps_its_guards_on_weights(tmp_path: Path) -> None:
+    path = tmp_path / "step.bin"
+    x = torch.randn(4, 8)
+    compiled_step(run_layers, (Layers(3), x), [], path)
+    same = Layers(3)  # other weights, the same structure: loaded, and computes with these weights
+    step, loaded = compiled_step(run_layers, (same, x), [], path)
+    assert loaded and torch.allclose(step(same, x), run_layers(same, x))
+    wider = Layers(5)  # a weight deep in the module tree of another shape: its guard rejects the stored step
+    step, loaded = compiled_step(run_layers, (wider, x), [], path)
+    assert not loaded and torch.allclose(step(wider, x), run_layers(wider, x))
+
+
+def forget_the_instruction_sets() -> None:
+    """Inductor's decisions of this process on which instruction sets it may use (the list and each set's probe)."""
+    valid_vec_isa_list.cache_clear()
+    VecISA._VecISA__bool__impl.cache_clear()  # type: ignore[attr-defined]
+
+
+def test_a_recorded_probe_of_the_instruction_sets_spares_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forget_the_instruction_sets()
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        reported = usable_vec_isas()  # what this CPU reports, unprobed
+    forget_the_instruction_sets()
+    probed: list[str] = []
+
+    def probe(isa: VecISA, code: str) -> bool:
+        probed.append(str(isa))
+        return True
+
+    monkeypatch.setattr(VecISA, "check_build", probe)
+    try:
+        (tmp_path / VEC_ISA_RECORD).write_text(reported)
+        trust_recorded_vec_isas(tmp_path)
+        assert usable_vec_isas() == reported and not probed  # decided for the process, without a probe
+        forget_the_instruction_sets()
+        (tmp_path / VEC_ISA_RECORD).write_text(reported + "sets of another CPU\n")
+        trust_recorded_vec_isas(tmp_path)
+        assert usable_vec_isas() == reported and probed  # inductor probed again
+        forget_the_instruction_sets()
+        (tmp_path / VEC_ISA_RECORD).unlink()
+        trust_recorded_vec_isas(tmp_path)
+        assert valid_vec_isa_list.cache_info().currsize == 0  # nothing recorded: nothing decided
+    finally:
+        forget_the_instruction_sets()  # the next compile in this process probes for real
+
+
+def test_a_compile_records_the_instruction_sets_inductor_accepted(tmp_path: Path) -> None:
+    compiled_step(project, (Weights(3), torch.randn(5, 8)), [], tmp_path / "step.bin")
+    assert (tmp_path / VEC_ISA_RECORD).read_text() == usable_vec_isas()

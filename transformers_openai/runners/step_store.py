@@ -22,10 +22,17 @@ from typing import Any
 
 import torch
 from torch._dynamo.guards import CheckFunctionManager
+from torch._inductor import config as inductor_config
+from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
 logger = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parents[1]
+# The only guards a stored step keeps on what it reaches through a model's submodules (_storable_guards): those on
+# tensors (the weights' shapes, strides and dtypes). MODULE_SOURCE is in the name of every such value.
+KEPT_MODULE_GUARDS = frozenset({"TENSOR_MATCH"})
+MODULE_SOURCE = "._modules["
+VEC_ISA_RECORD = "vec-isa"  # in a store: the instruction sets inductor's probe accepted (trust_recorded_vec_isas)
 
 
 def cxx_compiler() -> str | None:
@@ -78,6 +85,7 @@ def compiled_step(
     if path is not None:
         keep_compiler_cache(path.parent)
     if path is not None and path.exists():
+        trust_recorded_vec_isas(path.parent)
         try:
             with path.open("rb") as stored:
                 loaded: Any = torch.compiler.load_compiled_function(stored, f_globals=fn.__globals__)
@@ -104,6 +112,7 @@ def compiled_step(
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             compiled.save_compiled_function(str(path))
+            (path.parent / VEC_ISA_RECORD).write_text(usable_vec_isas())
         except (OSError, RuntimeError):
             logger.warning("could not store the compiled step in %s: the next start compiles it again", path)
     compiled.disable_guard_check()
@@ -119,10 +128,40 @@ def keep_compiler_cache(store: Path) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(store / "inductor")
 
 
+def usable_vec_isas() -> str:
+    """The SIMD instruction sets inductor may build kernels for here, best first: those this CPU reports that a
+    probe found the compiler and loader accept (or, while inductor trusts the CPU, all it reports)."""
+    return "".join(f"{isa}\n" for isa in valid_vec_isa_list())  # one a line (a set's name may hold spaces)
+
+
+def trust_recorded_vec_isas(store: Path) -> None:
+    """Spares a start inductor's probe of the CPU's instruction sets where a compile in `store` recorded its outcome.
+
+    Before it loads a stored step's C++, inductor decides once per process which instruction sets it may use: for
+    each one the CPU reports, it builds a small library and loads it in a new Python process (1.5-2 s of every
+    start with two cores; the choice is part of the key under which it finds the step's built code). A compile
+    records what that probe accepted (`VEC_ISA_RECORD`); where this CPU reports exactly those sets, inductor takes
+    them without probing, else (another CPU, or nothing recorded) it probes as usual."""
+    if valid_vec_isa_list.cache_info().currsize:  # decided already in this process
+        return
+    try:
+        recorded = (store / VEC_ISA_RECORD).read_text()
+    except OSError:
+        return
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        reported = usable_vec_isas()  # from /proc/cpuinfo alone; inductor keeps this list for the process
+    if reported != recorded:
+        valid_vec_isa_list.cache_clear()  # probed when next needed
+
+
 def _storable_guards(entries: Sequence[Any]) -> list[bool]:
-    """The guards a stored step can keep: not those on globals (functions and classes, as the key's versions pin
+    """The guards a stored step keeps: not those on globals (functions and classes, as the key's versions pin
     them), not the kinds torch cannot store (object identities), not those on oneDNN-packed weights (their layout
-    has no storable description; the key names it)."""
+    has no storable description; the key names it), and, of those on what the step reaches through a model's
+    submodules, only those on tensors. The others read what the code and the model's configuration decide, which
+    the key pins (the versions, this package's source, the configuration, each module's name and type): a module's
+    type, its hook dicts being empty, its integer and flag attributes. They were nine in ten of a decode step's
+    guards, and a start builds each kept guard again (2.2 s of loading SmolLM2's two steps on two cores)."""
     unstorable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [
         not (
@@ -130,6 +169,8 @@ def _storable_guards(entries: Sequence[Any]) -> list[bool]:
             or entry.guard_type in unstorable
             or any(kind in unstorable for kind in entry.derived_guard_types)
             or (entry.has_value and isinstance(entry.value, torch.Tensor) and entry.value.layout != torch.strided)
+            or entry.guard_type == "EMPTY_NN_MODULE_HOOKS_DICT"
+            or (MODULE_SOURCE in entry.name and entry.guard_type not in KEPT_MODULE_GUARDS)
         )
         for entry in entries
     ]
