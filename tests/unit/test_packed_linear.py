@@ -1,4 +1,6 @@
-"""Linear layers packed for oneDNN compute what `nn.Linear` does, and a packed model serves as the plain one does."""
+"""Linear layers packed for oneDNN compute what `nn.Linear` does, and a packed model serves as the plain one does;
+an activation moved into its packed layer gives the same values, and is moved only where the layer's forward applies
+it straight to that layer's product."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.packed_linear import PackedLinear, can_pack, pack_linear_layers
+from transformers_openai.packed_linear import PackedLinear, can_pack, fuse_activations, pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -129,6 +131,10 @@ def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> No
     assert isinstance(packed.proj_out, PackedLinear)  # tied to the decoder's embeddings: packed as a copy
     table = packed.model.decoder.embed_tokens.weight
     torch.testing.assert_close(table, plain.model.decoder.embed_tokens.weight, rtol=0, atol=0)  # the table stays
+    layers = [*packed.model.encoder.layers, *packed.model.decoder.layers]
+    # Each feed-forward's GELU applied by its packed first layer.
+    assert all(layer.fc1.activation == "gelu" for layer in layers)
+    assert all(isinstance(layer.activation_fn, torch.nn.Identity) for layer in layers)
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(1, plain.config.num_mel_bins, 3000, generator=generator)
     decoder_ids = torch.tensor([[plain.config.decoder_start_token_id, 50362, 464, 3290]])
@@ -136,3 +142,33 @@ def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> No
         torch.testing.assert_close(packed(input_features=features, decoder_input_ids=decoder_ids).logits,
                                    plain(input_features=features, decoder_input_ids=decoder_ids).logits,
                                    rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (2, 300, 16)])
+def test_a_packed_layer_applying_gelu_gives_gelu_of_its_product(shape: tuple[int, ...]) -> None:
+    linear = torch.nn.Linear(16, 64)
+    packed = PackedLinear(linear)
+    packed.activation = "gelu"
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), torch.nn.functional.gelu(linear(x)), rtol=1e-5, atol=1e-5)
+
+
+class WhisperEncoderLayer(torch.nn.Module):  # named as a fusible layer, but its activation is used twice
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 8)
+        self.activation_fn = torch.nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation_fn(self.fc1(x)) + self.activation_fn(x)
+
+
+def test_an_activation_the_forward_also_applies_elsewhere_stays_where_it_is() -> None:
+    layer = WhisperEncoderLayer()
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        expected = layer(x)
+        assert pack_linear_layers(layer) == 1
+        assert fuse_activations(layer) == 0 and isinstance(layer.activation_fn, torch.nn.GELU)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
