@@ -1,5 +1,6 @@
 """The CPU kernel for decode attention over the paged pool gives what gathering each row's K/V and running
-`scaled_dot_product_attention` gives: any block tables (shared blocks included), any lengths, grouped K/V heads."""
+`scaled_dot_product_attention` gives: any block tables (shared blocks included), any lengths, grouped K/V heads; its
+cross-attention kernel, over K/V kept per row with the keys transposed, gives what sdpa gives over the same views."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformers_openai.runners.paged_decode_kernel import attention, load
+from transformers_openai.runners.paged_decode_kernel import attention, cross_attention, load
 from transformers_openai.runners.step_store import has_cxx_compiler
 
 pytestmark = pytest.mark.skipif(not has_cxx_compiler(), reason="the kernel is built with a C++ compiler")
@@ -88,7 +89,7 @@ LOAD_AND_CALL = """
 import sys
 from pathlib import Path
 import torch
-from transformers_openai.runners.paged_decode_kernel import attention, load
+from transformers_openai.runners.paged_decode_kernel import attention, cross_attention, load
 assert load(Path(sys.argv[1]))
 keys, values = torch.ones(1, 8, 4), torch.arange(32.0).view(1, 8, 4)
 out = attention(torch.ones(1, 1, 1, 4), keys, values, torch.tensor([[1]]), torch.tensor([2]), 4, 0.5)
@@ -111,3 +112,20 @@ def test_a_kernel_built_once_is_loaded_from_its_directory(tmp_path: Path) -> Non
     stamp = built[0].stat().st_mtime_ns
     assert start() == "[18.0, 19.0, 20.0, 21.0]"
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*")) == built  # not built again
+
+
+@pytest.mark.parametrize("dim", [64, 24])
+def test_the_cross_attention_kernel_equals_sdpa_over_the_same_views(
+    kernel: Callable[..., torch.Tensor], dim: int
+) -> None:
+    """Buffers as `CrossKVCache` keeps them (keys `[rows, heads, dim, max_len]`, values `[rows, heads, max_len,
+    dim]`), read through the views a step takes: some rows of the buffer, a width short of its length."""
+    generator = torch.Generator().manual_seed(dim)
+    rows, heads, max_len, width = 7, 3, 40, 33
+    keys_t = torch.randn(rows, heads, dim, max_len, generator=generator)
+    values = torch.randn(rows, heads, max_len, dim, generator=generator)
+    keys_view, values_view = keys_t[1:6, ..., :width], values[1:6, :, :width]
+    query = torch.randn(5, heads, 1, dim, generator=generator) * 3
+    got = cross_attention(query, keys_view, values_view, 0.3)
+    want = F.scaled_dot_product_attention(query, keys_view.transpose(-1, -2), values_view, scale=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""WhisperRunner on a tiny random Whisper: windows batched under continuous batching give each window's own logits."""
+"""WhisperRunner on a tiny random Whisper: windows batched under continuous batching give each window's own logits,
+with sdpa's cross-attention and with the kernel that reads the rows' cross-attention K/V in place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
 from tests.runner_driver import RunnerDriver
+from transformers_openai.runners import paged_decode_kernel
 from transformers_openai.runners.base import PrefillJob
+from transformers_openai.runners.cross_attention import use_cross_in_place
+from transformers_openai.runners.step_store import has_cxx_compiler
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
 torch.set_num_threads(1)
@@ -33,6 +37,16 @@ def model() -> WhisperForConditionalGeneration:
     model.generation_config = GenerationConfig.from_model_config(config)
     model.generation_config.no_timestamps_token_id = NO_TIMESTAMPS
     return model
+
+
+@pytest.fixture(scope="module")
+def in_place_model(model, tmp_path_factory: pytest.TempPathFactory) -> WhisperForConditionalGeneration:
+    """The same model with its decode steps' cross-attention through the kernel."""
+    if not has_cxx_compiler():
+        pytest.skip("the kernel is built with a C++ compiler")
+    in_place = copy.deepcopy(model)
+    assert use_cross_in_place(in_place, tmp_path_factory.mktemp("kernels"))
+    return in_place
 
 
 def window(seed: int) -> torch.Tensor:
@@ -59,8 +73,20 @@ def reference(model: WhisperForConditionalGeneration, features: torch.Tensor, pr
     return logits
 
 
+@pytest.mark.parametrize("cross_attention", ["sdpa", "kernel"])
 @torch.inference_mode()
-def test_windows_joining_at_different_steps_each_get_their_own_logits(model) -> None:
+def test_windows_joining_at_different_steps_each_get_their_own_logits(
+    request: pytest.FixtureRequest, cross_attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = request.getfixturevalue("model" if cross_attention == "sdpa" else "in_place_model")
+    calls = []
+    kernel = paged_decode_kernel.cross_attention
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        calls.append(args[0].shape[0])
+        return kernel(*args)
+
+    monkeypatch.setattr(paged_decode_kernel, "cross_attention", counted)
     runner = RunnerDriver(WhisperRunner(model, max_rows=4))
     jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS]
     fed: dict[int, list[int]] = {}
@@ -89,6 +115,13 @@ def test_windows_joining_at_different_steps_each_get_their_own_logits(model) -> 
                 runner.release(s)
                 del last[s]
     assert runner.rows_in_use() == 0
+    # The kernel: every decode step's cross-attention in every layer, and nothing else (the encoder, the prefixes,
+    # the self-attention and the references below stay with sdpa).
+    decode_steps = sum(len(got) - 1 for got in seen.values())
+    if cross_attention == "kernel":
+        assert sum(calls) == decode_steps * model.config.decoder_layers
+    else:
+        assert not calls
     for i, (features, prefix) in enumerate(WINDOWS):
         expected = reference(model, features, prefix, fed[i][:STEPS])
         for step, (got, want) in enumerate(zip(seen[i], expected, strict=False)):

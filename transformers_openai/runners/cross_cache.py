@@ -13,7 +13,8 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
 
     @property
     def keys(self) -> torch.Tensor:
-        return self._owner.view(self._owner.k, self._index)  # type: ignore[no-any-return]
+        # [rows, heads, width, dim], a view of the buffer that keeps them transposed
+        return self._owner.view(self._owner.k, self._index).transpose(-1, -2)  # type: ignore[no-any-return]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -38,7 +39,9 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
 
 
 class CrossKVCache(Cache, RowSelection):
-    """Buffers `[max_rows, heads, max_len, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
+    """Buffers per layer, rows left-aligned, zero beyond each row's length: values `[max_rows, heads, max_len,
+    head_dim]`, keys transposed, `[max_rows, heads, head_dim, max_len]` (a decode query's scores are then passes over
+    contiguous positions: `cross_attention.py`). `keys` shows them the usual way round, as a view.
 
     A row is appended at the end and the last row moves into the hole of a row that leaves. The buffers are
     allocated once, at the first row, and never grow (their size is set aside from the K/V budget); on a CPU the
@@ -64,7 +67,9 @@ class CrossKVCache(Cache, RowSelection):
         return max(self.lens, default=0)
 
     def view(self, buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
-        return buffers[layer][self.active_rows(self.rows, buffers[layer].device), :, : self.width]
+        """The step's rows of one layer's buffer, to the batch's width (the last dimension of the keys)."""
+        rows = buffers[layer][self.active_rows(self.rows, buffers[layer].device)]
+        return rows[..., : self.width] if buffers is self.k else rows[:, :, : self.width]
 
     def encoder_mask(self) -> torch.Tensor:
         device = self.k[0].device
@@ -81,9 +86,10 @@ class CrossKVCache(Cache, RowSelection):
             self._allocate(layers[0][0])
         pos = self.rows
         for layer, (key, value) in enumerate(layers):
-            for buffers, data in ((self.k, key), (self.v, value)):
-                buffers[layer][pos].zero_()
-                buffers[layer][pos, :, :length] = data[0]
+            self.k[layer][pos].zero_()
+            self.k[layer][pos, ..., :length] = key[0].transpose(-1, -2)
+            self.v[layer][pos].zero_()
+            self.v[layer][pos, :, :length] = value[0]
         self.lens.append(length)
         return pos
 
@@ -101,6 +107,6 @@ class CrossKVCache(Cache, RowSelection):
         return moved
 
     def _allocate(self, like: torch.Tensor) -> None:
-        shape = (self.max_rows, like.shape[1], self.max_len, like.shape[3])
-        self.k = [like.new_empty(shape) for _ in range(self._layers_n)]
-        self.v = [like.new_empty(shape) for _ in range(self._layers_n)]
+        rows, heads, dim = self.max_rows, like.shape[1], like.shape[3]
+        self.k = [like.new_empty(rows, heads, dim, self.max_len) for _ in range(self._layers_n)]
+        self.v = [like.new_empty(rows, heads, self.max_len, dim) for _ in range(self._layers_n)]
