@@ -41,7 +41,6 @@ from transformers_openai.parallel.ranks import Ranks, join_ranks
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.cross_attention import use_cross_in_place
 from transformers_openai.runners.kv_pool import KVSpace
 from transformers_openai.runners.paged_step import StepExecutor
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -242,9 +241,12 @@ def load_serving_context(
                 logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
             elif runner.fix_steps(graphs=False, compiled=True, prefills=False, store=settings.compile_cache_dir):
                 phases.done("compiled decode step")
-    # Encoder-decoder decode steps on a CPU: cross-attention through the kernel that reads each row's K/V as kept.
-    in_place = isinstance(runner, Seq2SeqRunner) and not settings.enforce_eager
-    if in_place and use_cross_in_place(model, settings.compile_cache_dir):
+    # Whisper's decode steps on a CPU: cross-attention through the kernel that reads each row's K/V as kept.
+    if (
+        isinstance(runner, WhisperRunner)
+        and not settings.enforce_eager
+        and runner.read_cross_in_place(settings.compile_cache_dir)
+    ):
         logger.info("decode cross-attention reads each row's K/V in place (cross-attention kernel)")
         phases.done("cross-attention kernel")
     if runner.max_model_len < max_len:

@@ -114,18 +114,24 @@ def test_a_kernel_built_once_is_loaded_from_its_directory(tmp_path: Path) -> Non
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*")) == built  # not built again
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [64, 24])
 def test_the_cross_attention_kernel_equals_sdpa_over_the_same_views(
-    kernel: Callable[..., torch.Tensor], dim: int
+    kernel: Callable[..., torch.Tensor], dim: int, dtype: torch.dtype
 ) -> None:
     """Buffers as `CrossKVCache` keeps them (keys `[rows, heads, dim, max_len]`, values `[rows, heads, max_len,
     dim]`), read through the views a step takes: some rows of the buffer, a width short of its length."""
     generator = torch.Generator().manual_seed(dim)
     rows, heads, max_len, width = 7, 3, 40, 33
-    keys_t = torch.randn(rows, heads, dim, max_len, generator=generator)
-    values = torch.randn(rows, heads, max_len, dim, generator=generator)
+    keys_t = torch.randn(rows, heads, dim, max_len, generator=generator).to(dtype)
+    values = torch.randn(rows, heads, max_len, dim, generator=generator).to(dtype)
     keys_view, values_view = keys_t[1:6, ..., :width], values[1:6, :, :width]
-    query = torch.randn(5, heads, 1, dim, generator=generator) * 3
+    query = (torch.randn(5, heads, 1, dim, generator=generator) * 3).to(dtype)
     got = cross_attention(query, keys_view, values_view, 0.3)
-    want = F.scaled_dot_product_attention(query, keys_view.transpose(-1, -2), values_view, scale=0.3)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype
+    # The reference in float32 from the same stored values: the kernel computes in float32 and rounds its output.
+    want = F.scaled_dot_product_attention(
+        query.float(), keys_view.transpose(-1, -2).float(), values_view.float(), scale=0.3
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance)

@@ -13,7 +13,6 @@ from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalG
 from tests.runner_driver import RunnerDriver
 from transformers_openai.runners import paged_decode_kernel
 from transformers_openai.runners.base import PrefillJob
-from transformers_openai.runners.cross_attention import use_cross_in_place
 from transformers_openai.runners.step_store import has_cxx_compiler
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
@@ -40,13 +39,11 @@ def model() -> WhisperForConditionalGeneration:
 
 
 @pytest.fixture(scope="module")
-def in_place_model(model, tmp_path_factory: pytest.TempPathFactory) -> WhisperForConditionalGeneration:
-    """The same model with its decode steps' cross-attention through the kernel."""
+def in_place_model(model) -> WhisperForConditionalGeneration:
+    """A copy of the model, for a runner that switches its decode steps' cross-attention to the kernel."""
     if not has_cxx_compiler():
         pytest.skip("the kernel is built with a C++ compiler")
-    in_place = copy.deepcopy(model)
-    assert use_cross_in_place(in_place, tmp_path_factory.mktemp("kernels"))
-    return in_place
+    return copy.deepcopy(model)
 
 
 def window(seed: int) -> torch.Tensor:
@@ -76,7 +73,7 @@ def reference(model: WhisperForConditionalGeneration, features: torch.Tensor, pr
 @pytest.mark.parametrize("cross_attention", ["sdpa", "kernel"])
 @torch.inference_mode()
 def test_windows_joining_at_different_steps_each_get_their_own_logits(
-    request: pytest.FixtureRequest, cross_attention: str, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, cross_attention: str, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     model = request.getfixturevalue("model" if cross_attention == "sdpa" else "in_place_model")
     calls = []
@@ -87,7 +84,11 @@ def test_windows_joining_at_different_steps_each_get_their_own_logits(
         return kernel(*args)
 
     monkeypatch.setattr(paged_decode_kernel, "cross_attention", counted)
-    runner = RunnerDriver(WhisperRunner(model, max_rows=4))
+    whisper = WhisperRunner(model, max_rows=4)
+    if cross_attention == "kernel":
+        assert whisper.read_cross_in_place(tmp_path)
+    assert whisper._cross_cache.keys_transposed == (cross_attention == "kernel")  # sdpa reads such keys slowly
+    runner = RunnerDriver(whisper)
     jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS]
     fed: dict[int, list[int]] = {}
     seen: dict[int, list[torch.Tensor]] = {}

@@ -17,6 +17,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers_openai.runners import paged_decode_kernel
 
 CROSS_IN_PLACE = "cross_in_place_sdpa"
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def cross_in_place_attention(
@@ -45,7 +46,8 @@ def reads_transposed_keys(
         attention_mask is None
         and query.dim() == key.dim() == value.dim() == 4
         and query.shape[2] == 1
-        and query.dtype == key.dtype == value.dtype == torch.float32
+        and query.dtype == key.dtype == value.dtype
+        and query.dtype in KERNEL_DTYPES
         and key.shape[1] == query.shape[1]  # a K/V head per query head
         and key.shape[-1] > 1
         and key.shape[-2] > 1
@@ -55,9 +57,9 @@ def reads_transposed_keys(
 
 
 def use_cross_in_place(model: PreTrainedModel, directory: Path) -> bool:
-    """Switches a float32 CPU model served with sdpa to the kernel for its decode steps' cross-attention, the
-    kernel built in `directory` or loaded from there; False (nothing changed) where it cannot."""
-    if model.config._attn_implementation != "sdpa" or model.dtype != torch.float32 or model.device.type != "cpu":
+    """Switches a float32 or bfloat16 CPU model served with sdpa to the kernel for its decode steps'
+    cross-attention, the kernel built in `directory` or loaded from there; False (nothing changed) where it cannot."""
+    if model.config._attn_implementation != "sdpa" or model.dtype not in KERNEL_DTYPES or model.device.type != "cpu":
         return False
     if not paged_decode_kernel.load(directory):
         return False

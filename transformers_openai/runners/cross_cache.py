@@ -13,8 +13,8 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
 
     @property
     def keys(self) -> torch.Tensor:
-        # [rows, heads, width, dim], a view of the buffer that keeps them transposed
-        return self._owner.view(self._owner.k, self._index).transpose(-1, -2)  # type: ignore[no-any-return]
+        keys = self._owner.view(self._owner.k, self._index)
+        return keys.transpose(-1, -2) if self._owner.keys_transposed else keys  # type: ignore[no-any-return]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -39,9 +39,10 @@ class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]
 
 
 class CrossKVCache(Cache, RowSelection):
-    """Buffers per layer, rows left-aligned, zero beyond each row's length: values `[max_rows, heads, max_len,
-    head_dim]`, keys transposed, `[max_rows, heads, head_dim, max_len]` (a decode query's scores are then passes over
-    contiguous positions: `cross_attention.py`). `keys` shows them the usual way round, as a view.
+    """Buffers `[max_rows, heads, max_len, head_dim]` per layer, rows left-aligned, zero beyond each row's length.
+    After `transpose_keys` the keys are kept `[max_rows, heads, head_dim, max_len]` (for the kernel of
+    `cross_attention.py`, whose scores are then passes over contiguous positions; sdpa reads such keys 4-40x slower),
+    and `keys` shows them the usual way round, as a view.
 
     A row is appended at the end and the last row moves into the hole of a row that leaves. The buffers are
     allocated once, at the first row, and never grow (their size is set aside from the K/V budget); on a CPU the
@@ -55,7 +56,15 @@ class CrossKVCache(Cache, RowSelection):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.lens: list[int] = []
+        self.keys_transposed = False
         super().__init__(layers=[_CrossLayer(self, i) for i in range(num_layers)])
+
+    def transpose_keys(self) -> None:
+        """Keeps the keys transposed from now on; only while no row is held."""
+        if self.rows:
+            raise RuntimeError("the keys' layout changes only while no row is held")
+        self.keys_transposed = True
+        self.k, self.v = [], []  # allocated again, in the new layout, at the next row
 
     @property
     def rows(self) -> int:
@@ -69,7 +78,7 @@ class CrossKVCache(Cache, RowSelection):
     def view(self, buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
         """The step's rows of one layer's buffer, to the batch's width (the last dimension of the keys)."""
         rows = buffers[layer][self.active_rows(self.rows, buffers[layer].device)]
-        return rows[..., : self.width] if buffers is self.k else rows[:, :, : self.width]
+        return rows[..., : self.width] if buffers is self.k and self.keys_transposed else rows[:, :, : self.width]
 
     def encoder_mask(self) -> torch.Tensor:
         device = self.k[0].device
@@ -87,7 +96,10 @@ class CrossKVCache(Cache, RowSelection):
         pos = self.rows
         for layer, (key, value) in enumerate(layers):
             self.k[layer][pos].zero_()
-            self.k[layer][pos, ..., :length] = key[0].transpose(-1, -2)
+            if self.keys_transposed:
+                self.k[layer][pos, ..., :length] = key[0].transpose(-1, -2)
+            else:
+                self.k[layer][pos, :, :length] = key[0]
             self.v[layer][pos].zero_()
             self.v[layer][pos, :, :length] = value[0]
         self.lens.append(length)
@@ -108,5 +120,6 @@ class CrossKVCache(Cache, RowSelection):
 
     def _allocate(self, like: torch.Tensor) -> None:
         rows, heads, dim = self.max_rows, like.shape[1], like.shape[3]
-        self.k = [like.new_empty(rows, heads, dim, self.max_len) for _ in range(self._layers_n)]
+        key_shape = (rows, heads, dim, self.max_len) if self.keys_transposed else (rows, heads, self.max_len, dim)
+        self.k = [like.new_empty(key_shape) for _ in range(self._layers_n)]
         self.v = [like.new_empty(rows, heads, self.max_len, dim) for _ in range(self._layers_n)]

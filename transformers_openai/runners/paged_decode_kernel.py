@@ -38,6 +38,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 #include <cmath>
 #include <cstdint>
@@ -209,22 +210,31 @@ void paged_decode_attention_f32(
   }
 }
 
+// A stored element as float: float itself, or bfloat16 (its 16 bits are a float's upper half).
+inline float as_float(float x) { return x; }
+inline float as_float(c10::BFloat16 x) {
+  const uint32_t bits = uint32_t(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // Attention of one query head over one head's K/V kept whole per row with the keys transposed, `keys_t` [dim, length]
 // (a dimension's values over all positions contiguous, rows `key_stride` apart) and `values` [length, dim] (rows
 // `value_stride` apart): an encoder-decoder model's cross-attention K/V. The scores are `dim` passes of
 // multiply-adds over contiguous positions, with no sum across a vector's lanes: on Whisper's 1,500 encoder positions
-// this reads the K/V at 26-32 GB/s on two cores, where sdpa over keys [length, dim] reached 15-18.
-template <int DIM>
-void attend_transposed(const float* query, const float* keys_t, int64_t key_stride, const float* values,
-                       int64_t value_stride, int64_t length, int64_t dim_arg, float scale, float* scores, float* acc,
-                       float* out) {
+// this reads float32 K/V at 26-32 GB/s on two cores, where sdpa over keys [length, dim] reached 15-18. T is float or
+// bfloat16 (then read as float, everything computed in float, the output rounded back).
+template <typename T, int DIM>
+void attend_transposed(const T* query, const T* keys_t, int64_t key_stride, const T* values, int64_t value_stride,
+                       int64_t length, int64_t dim_arg, float scale, float* scores, float* acc, T* out) {
   const int64_t dim = DIM > 0 ? DIM : dim_arg;
   for (int64_t pos = 0; pos < length; ++pos) scores[pos] = 0.0f;
   for (int64_t d = 0; d < dim; ++d) {
-    const float q = query[d] * scale;
-    const float* key = keys_t + d * key_stride;
+    const float q = as_float(query[d]) * scale;
+    const T* key = keys_t + d * key_stride;
 #pragma omp simd
-    for (int64_t pos = 0; pos < length; ++pos) scores[pos] += q * key[pos];
+    for (int64_t pos = 0; pos < length; ++pos) scores[pos] += q * as_float(key[pos]);
   }
   float top = -INFINITY;
 #pragma omp simd reduction(max : top)
@@ -239,17 +249,45 @@ void attend_transposed(const float* query, const float* keys_t, int64_t key_stri
   for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;
   for (int64_t pos = 0; pos < length; ++pos) {
     const float p = scores[pos];
-    const float* value = values + pos * value_stride;
+    const T* value = values + pos * value_stride;
 #pragma omp simd
-    for (int64_t d = 0; d < dim; ++d) acc[d] += p * value[d];
+    for (int64_t d = 0; d < dim; ++d) acc[d] += p * as_float(value[d]);
   }
   const float inverse = 1.0f / sum;
-#pragma omp simd
-  for (int64_t d = 0; d < dim; ++d) out[d] = acc[d] * inverse;
+  for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(acc[d] * inverse);
+}
+
+template <typename T>
+void cross_decode_attention_typed(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& values,
+                                  at::Tensor& out, float scale) {
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(3), length = keys_t.size(3);
+  const T *qp = q.data_ptr<T>(), *kp = keys_t.data_ptr<T>(), *vp = values.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> scores(length);
+    std::vector<float> acc(dim);
+#pragma omp for schedule(static)
+    for (int64_t index = 0; index < rows * heads; ++index) {
+      const int64_t row = index / heads, head = index % heads;
+      const T* k = kp + row * keys_t.stride(0) + head * keys_t.stride(1);
+      const T* v = vp + row * values.stride(0) + head * values.stride(1);
+      const T* qi = qp + index * dim;
+      T* o = op + index * dim;
+      if (dim == 64) {
+        attend_transposed<T, 64>(qi, k, keys_t.stride(2), v, values.stride(2), length, dim, scale, scores.data(),
+                                 acc.data(), o);
+      } else {
+        attend_transposed<T, 0>(qi, k, keys_t.stride(2), v, values.stride(2), length, dim, scale, scores.data(),
+                                acc.data(), o);
+      }
+    }
+  }
 }
 
 // query [rows, heads, 1, dim]; keys_t [rows, heads, dim, length]; values [rows, heads, length, dim]; each with its
-// last dimension contiguous, the others at any stride. Rows and heads spread over the calling thread's OpenMP team.
+// last dimension contiguous, the others at any stride; all float32 or all bfloat16. Rows and heads spread over the
+// calling thread's OpenMP team.
 at::Tensor cross_decode_attention(const at::Tensor& query, const at::Tensor& keys_t, const at::Tensor& values,
                                   double scale) {
   TORCH_CHECK(query.dim() == 4 && query.size(2) == 1, "query: [rows, heads, 1, dim]");
@@ -258,34 +296,17 @@ at::Tensor cross_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(keys_t.size(0) == rows && keys_t.size(1) == heads && keys_t.size(2) == dim, "keys_t's shape");
   TORCH_CHECK(values.size(0) == rows && values.size(1) == heads && values.size(2) == length && values.size(3) == dim,
               "values' shape");
-  TORCH_CHECK(query.scalar_type() == at::kFloat && keys_t.scalar_type() == at::kFloat &&
-                  values.scalar_type() == at::kFloat,
-              "float32 only");
+  const auto type = query.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && keys_t.scalar_type() == type &&
+                  values.scalar_type() == type,
+              "float32 or bfloat16, all three alike");
   TORCH_CHECK(keys_t.stride(3) == 1 && values.stride(3) == 1, "contiguous last dimensions");
   const at::Tensor q = query.contiguous();
   at::Tensor out = at::empty_like(q);
-  const float *qp = q.data_ptr<float>(), *kp = keys_t.data_ptr<float>(), *vp = values.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float factor = static_cast<float>(scale);
-#pragma omp parallel num_threads(at::get_num_threads())
-  {
-    std::vector<float> scores(length);
-    std::vector<float> acc(dim);
-#pragma omp for schedule(static)
-    for (int64_t index = 0; index < rows * heads; ++index) {
-      const int64_t row = index / heads, head = index % heads;
-      const float* k = kp + row * keys_t.stride(0) + head * keys_t.stride(1);
-      const float* v = vp + row * values.stride(0) + head * values.stride(1);
-      const float* qi = qp + index * dim;
-      float* o = op + index * dim;
-      if (dim == 64) {
-        attend_transposed<64>(qi, k, keys_t.stride(2), v, values.stride(2), length, dim, factor, scores.data(),
-                              acc.data(), o);
-      } else {
-        attend_transposed<0>(qi, k, keys_t.stride(2), v, values.stride(2), length, dim, factor, scores.data(),
-                             acc.data(), o);
-      }
-    }
+  if (type == at::kFloat) {
+    cross_decode_attention_typed<float>(q, keys_t, values, out, static_cast<float>(scale));
+  } else {
+    cross_decode_attention_typed<c10::BFloat16>(q, keys_t, values, out, static_cast<float>(scale));
   }
   return out;
 }
@@ -360,7 +381,7 @@ def attention(
 def cross_attention(query: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of `query` `[rows, heads, 1, dim]` over K/V kept whole per row, the keys transposed: `keys_t`
     `[rows, heads, dim, length]`, `values` `[rows, heads, length, dim]`, each with its last dimension contiguous;
-    returns `[rows, heads, 1, dim]` (float32; the library must be loaded: `load`)."""
+    returns `[rows, heads, 1, dim]` (float32 or bfloat16, all alike; the library must be loaded: `load`)."""
     out: torch.Tensor = torch.ops.transformers_openai.cross_decode_attention(query, keys_t, values, scale)
     return out
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
+from transformers_openai.runners.cross_attention import use_cross_in_place
 from transformers_openai.runners.kv_cache import cache_keyword
 from transformers_openai.runners.kv_pool import KVSpace
 from transformers_openai.runners.paged_cache import StepPlan
@@ -65,6 +67,16 @@ class WhisperRunner(Seq2SeqRunner):
 
     def output_limit(self, prompt_len: int) -> int:
         return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
+
+    def read_cross_in_place(self, directory: Path) -> bool:
+        """Decode steps' cross-attention through the kernel that reads each row's K/V as kept (`cross_attention.py`,
+        built in `directory` or loaded from there), the keys kept transposed for it; before any row joins. False
+        (nothing changed) where the kernel cannot serve this model. Whisper's alone: its cross-attention is
+        unmasked (every encoder position is audio), where T5's masks padded inputs and would stay with sdpa."""
+        if self._cross_cache.rows or not use_cross_in_place(self.model, directory):
+            return False
+        self._cross_cache.transpose_keys()
+        return True
 
     def prefill_overhead(self, job: PrefillJob) -> int:
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
