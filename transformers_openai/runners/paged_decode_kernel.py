@@ -72,6 +72,22 @@ inline float exp_nonpositive(float x) {
   return p * power;
 }
 
+// Softmax numerators of `length` scores in place (e^(score - max)); returns their sum (the division comes later,
+// once per output element).
+inline float softmax_numerators(float* scores, int64_t length) {
+  float top = -INFINITY;
+#pragma omp simd reduction(max : top)
+  for (int64_t pos = 0; pos < length; ++pos) top = scores[pos] > top ? scores[pos] : top;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const float e = exp_nonpositive(scores[pos] - top);
+    scores[pos] = e;
+    sum += e;
+  }
+  return sum;
+}
+
 // How far ahead of its reads a pass asks for keys or values: a few blocks, well inside the L2 cache.
 constexpr int64_t kLookahead = 32 * 1024;
 
@@ -144,18 +160,7 @@ void attend(const Item& item, int64_t group, int64_t dim_arg, int64_t block, flo
   }
   // Softmax numerators and their sums (the division comes at the end, once per output element).
   for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * stride;
-    float top = -INFINITY;
-#pragma omp simd reduction(max : top)
-    for (int64_t pos = 0; pos < length; ++pos) top = s[pos] > top ? s[pos] : top;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t pos = 0; pos < length; ++pos) {
-      const float e = exp_nonpositive(s[pos] - top);
-      s[pos] = e;
-      sum += e;
-    }
-    sums[g] = sum;
+    sums[g] = softmax_numerators(scores + g * stride, length);
   }
   for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
   for (int64_t start = 0; start < length; start += block) {
@@ -236,16 +241,7 @@ void attend_transposed(const T* query, const T* keys_t, int64_t key_stride, cons
 #pragma omp simd
     for (int64_t pos = 0; pos < length; ++pos) scores[pos] += q * as_float(key[pos]);
   }
-  float top = -INFINITY;
-#pragma omp simd reduction(max : top)
-  for (int64_t pos = 0; pos < length; ++pos) top = scores[pos] > top ? scores[pos] : top;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t pos = 0; pos < length; ++pos) {
-    const float e = exp_nonpositive(scores[pos] - top);
-    scores[pos] = e;
-    sum += e;
-  }
+  const float sum = softmax_numerators(scores, length);
   for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;
   for (int64_t pos = 0; pos < length; ++pos) {
     const float p = scores[pos];
