@@ -302,6 +302,7 @@ def load_serving_context(
         tool_format=tool_format,
         prompt_limits=limits,
         max_stored_responses=settings.max_stored_responses,
+        max_stored_response_bytes=settings.max_stored_response_bytes,
         quantization=quantization,
     )
 
@@ -397,6 +398,7 @@ def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any, ob
         feature_extractor=feature_extractor,
         tokens=WhisperTokens.from_tokenizer(tokenizer, multilingual),
         max_audio_seconds=settings.max_audio_seconds,
+        max_audio_decodes=settings.max_audio_decodes,
         observer=cast(SpeechObserver, observer) if on_transcription is not None else None,
     )
 

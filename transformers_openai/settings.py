@@ -153,6 +153,30 @@ class Settings(BaseSettings):
     max_audio_seconds: float = Field(
         3600.0, gt=0, description="Longest audio accepted by /v1/audio/*, in seconds; longer files get 400."
     )
+    max_audio_decodes: int = Field(
+        2, ge=1, description="Audio uploads decoded at once (each holds its samples in memory); more wait their turn."
+    )
+    max_inflight_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Request body bytes the server holds at once, over all requests being received or parsed (audio "
+        "uploads are counted as they arrive, then kept on disk); a request that would pass it gets 503.",
+    )
+    max_schema_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest JSON schema (response_format, strict tools) accepted, in bytes of its compact JSON; "
+        "larger ones get 400.",
+    )
+    grammar_cache_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="Memory the compiled grammars of distinct schemas may keep between requests, least recently used "
+        "dropped first; 0 keeps none.",
+    )
+    max_embedding_tokens: int = Field(
+        300_000, ge=1, description="Most tokens one /v1/embeddings request may hold over all its inputs; more get 400."
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's).")
     api_keys: CommaList = Field(
         default_factory=list,
@@ -188,6 +212,17 @@ class Settings(BaseSettings):
         description="Responses of /v1/responses kept in memory for GET and previous_response_id, least recently "
         "used dropped first; 0 stores none.",
     )
+    max_stored_response_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="Bytes the stored responses of /v1/responses may take together (their JSON), least recently used "
+        "dropped first.",
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        description="Host header values accepted (others get 400), against DNS rebinding; '*' for any. Default: "
+        "localhost, 127.0.0.1 and ::1 when --host is a loopback address, any otherwise.",
+    )
     replica_id: str | None = Field(
         None, description="Sent back as X-Replica-Id on every response: which replica answered, behind a balancer."
     )
@@ -211,7 +246,9 @@ class Settings(BaseSettings):
             return float(_BYTES.validate_python(value.strip()))
         return value
 
-    @field_validator("api_keys", "allowed_origins", "allowed_methods", "allowed_headers", mode="before")
+    @field_validator(
+        "api_keys", "allowed_origins", "allowed_methods", "allowed_headers", "allowed_hosts", mode="before"
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

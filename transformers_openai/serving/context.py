@@ -58,6 +58,7 @@ class SpeechModel:
     feature_extractor: Any  # WhisperFeatureExtractor
     tokens: WhisperTokens
     max_audio_seconds: float
+    max_audio_decodes: int = 2  # uploads decoded at once
     observer: SpeechObserver | None = None
 
     @property
@@ -112,6 +113,7 @@ class ServingContext:
     tool_format: ToolFormat = HERMES  # how the model writes tool calls
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
     max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none
+    max_stored_response_bytes: int = 256 * 1024 * 1024  # what they may take together, as bytes of their JSON
     embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
     quantization: str = "none"  # how the weights are quantized (transformers_openai.quantization.describe)
 
