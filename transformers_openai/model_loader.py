@@ -44,7 +44,7 @@ from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv_pool import KVSpace
 from transformers_openai.runners.paged_step import StepExecutor
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
-from transformers_openai.runners.step_store import has_cxx_compiler
+from transformers_openai.runners.step_store import has_cxx_compiler, private_store
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.audio import warm_up_decoder
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
@@ -227,6 +227,8 @@ def load_serving_context(
         runner.executor = leader.lead(runner.executor, ranks)
     phases.done("K/V cache")
     lookahead = False  # decode steps launched before the last one's tokens are recorded (engine/core.py)
+    accelerated = not settings.enforce_eager and not settings.device_map
+    store = private_store(settings.compile_cache_dir) if accelerated and model.device.type == "cpu" else None
     if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
         if model.device.type == "cuda" and runner.fix_steps(graphs=True):
             phases.done("CUDA graphs")
@@ -239,13 +241,14 @@ def load_serving_context(
         elif model.device.type == "cpu" and settings.cpu_compile and quantization == "none":
             if not has_cxx_compiler():
                 logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
-            elif runner.fix_steps(graphs=False, compiled=True, prefills=False, store=settings.compile_cache_dir):
+            elif runner.fix_steps(graphs=False, compiled=True, prefills=False, store=store):
                 phases.done("compiled decode step")
     # Whisper's decode steps on a CPU: cross-attention through the kernel that reads each row's K/V as kept.
     if (
         isinstance(runner, WhisperRunner)
         and not settings.enforce_eager
-        and runner.read_cross_in_place(settings.compile_cache_dir)
+        and store is not None
+        and runner.read_cross_in_place(store)
     ):
         logger.info("decode cross-attention reads each row's K/V in place (cross-attention kernel)")
         phases.done("cross-attention kernel")

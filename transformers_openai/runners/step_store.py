@@ -15,6 +15,8 @@ import logging
 import os
 import platform
 import shutil
+import stat
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -119,13 +121,60 @@ def compiled_step(
     return compiled, False
 
 
+def private_store(path: Path) -> Path:
+    """`path` made (mode 0700) and checked as a place to keep compiled steps, whose pickles and shared libraries a
+    start loads and runs; a temporary private directory instead, with a warning, when another user could have put
+    files there (`store_problem`): those would run as this server's user."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = store_problem(path)
+    except OSError as exc:
+        problem = f"it cannot be made ({exc})"
+    if problem is None:
+        return path
+    fallback = Path(tempfile.mkdtemp(prefix="transformers-openai-steps-"))
+    logger.warning(
+        "not using %s for compiled steps: %s; this start compiles into %s, which no later start reuses",
+        path,
+        problem,
+        fallback,
+    )
+    return fallback
+
+
+def store_problem(path: Path) -> str | None:
+    """Why another user could write into `path` (None when none can): it is not this user's, or its group or others
+    may write it, or a folder above it is writable by others without the sticky bit (they could move it aside) or
+    belongs to a user other than this one and root."""
+    uid = os.getuid()
+    info = path.stat()
+    if info.st_uid != uid:
+        return f"it belongs to user {info.st_uid}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"its group or other users may write it (mode {stat.filemode(info.st_mode)})"
+    for parent in path.resolve().parents:
+        above = parent.stat()
+        if above.st_uid not in (uid, 0):
+            return f"{parent} belongs to user {above.st_uid}"
+        if above.st_mode & stat.S_IWOTH and not above.st_mode & stat.S_ISVTX:
+            return f"any user may write {parent} (mode {stat.filemode(above.st_mode)})"
+    return None
+
+
 def keep_compiler_cache(store: Path) -> None:
     """Inductor's own cache (the C++ it builds for a step: kernels and wrapper) kept in `store` beside the stored
     steps: a stored step's code is built again when that cache is gone (about 100 s a graph for SmolLM2 on two
     cores, where a load takes 3), and inductor's default place, under /tmp, may not outlive the machine's next start.
     Inductor reads TORCHINDUCTOR_CACHE_DIR whenever it needs its cache (torch's own imports set it to the default,
-    so a value found there is not the user's choice: `store` replaces it)."""
+    so a value found there is not the user's choice: `store` replaces it). Its precompiled C++ headers, which it
+    otherwise keeps at a fixed path in the system's temporary folder (any user can make that path first), go there
+    too."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(store / "inductor")
+    from torch._inductor import codecache
+
+    if hasattr(codecache, "_HEADER_DIR"):  # read when a header is precompiled
+        codecache._HEADER_DIR = str(store / "inductor" / "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = str(store / "inductor" / "precompiled_headers" / "locks")
 
 
 def usable_vec_isas() -> str:
