@@ -84,8 +84,9 @@ class Settings(BaseSettings):
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",
         description="Where compiled steps, the C++ inductor built for them (its cache: TORCHINDUCTOR_CACHE_DIR is "
         "set to a folder here) and the paged decode attention kernel are kept between starts (default: "
-        "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and shared libraries, loaded at start: keep it "
-        "writable by the server's user alone.",
+        "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and shared libraries, loaded at start: it is made "
+        "private (0700), and refused, with a warning and a temporary folder used instead, when another user could "
+        "write it.",
     )
     device_map: str | None = Field(
         None, description="accelerate device map ('auto': spread one model over several GPUs); overrides --device."
@@ -255,6 +256,16 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, list):
             return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _some_key_when_given(cls, value: Any) -> Any:
+        """A key setting that is not blank yet names no key (API_KEY="," or " , ") is a mistake that would leave the
+        server open: refused at start rather than taken as "no key"."""
+        given = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        if any(str(item).strip() for item in given) and not cls._split_commas(value):
+            raise ValueError("the API key setting names no key (only commas and spaces): give a key, or leave it unset")
         return value
 
     @property
