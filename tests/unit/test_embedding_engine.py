@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from transformers_openai.engine.embedding_engine import EmbeddingEngine, batches
+from transformers_openai.engine.embedding_engine import EmbeddingEngine, batches, cut_pieces
 from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
 
 
@@ -139,3 +139,80 @@ async def test_a_cancelled_request_costs_no_forward() -> None:
     finally:
         await engine.stop()
     assert all(3 not in lengths for lengths in runner.forwards)
+
+
+def test_pieces_cut_a_request_at_one_forward_each() -> None:
+    lengths = [4, 1, 4, 2, 4, 30, 4]
+    got = [[lengths[i] for i in piece] for piece in cut_pieces(lengths, max_rows=3, max_tokens=10)]
+    assert got == [[1, 2], [4, 4], [4, 4], [30]]  # 3 rows of 4 pad to 12 tokens; 30 is over the bound: alone
+    assert sorted(i for piece in cut_pieces(lengths, 3, 10) for i in piece) == list(range(len(lengths)))
+    assert cut_pieces([5] * 7, max_rows=3, max_tokens=1000) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+class GatedRunner:
+    """Each forward waits for a permit (`step`), so a test decides how many forwards run and when."""
+
+    def __init__(self) -> None:
+        self.forwards: list[list[int]] = []  # the first token of each input of each forward
+        self._permits = threading.Semaphore(0)
+        self._entered = threading.Semaphore(0)
+
+    def embed(self, inputs: list[list[int]]) -> torch.Tensor:
+        self._entered.release()
+        if not self._permits.acquire(timeout=10):
+            raise RuntimeError("no permit")
+        self.forwards.append([ids[0] for ids in inputs])
+        return torch.tensor([[float(ids[0]), float(len(ids))] for ids in inputs])
+
+    async def entered(self) -> None:
+        """Waits until a forward has started (and waits for its permit)."""
+        assert await asyncio.to_thread(self._entered.acquire, True, 10)
+
+    def step(self) -> None:
+        self._permits.release()
+
+
+BIG = 7  # the first token of the big request's inputs
+SMALL = 3
+
+
+async def test_an_abandoned_request_stops_at_its_running_piece() -> None:
+    runner = GatedRunner()
+    engine = await _engine(runner, max_rows=64, max_tokens=20)  # 2 inputs of 10 tokens a piece
+    try:
+        big = asyncio.ensure_future(engine.embed([[BIG] * 10 for _ in range(40)]))  # 20 pieces
+        await runner.entered()  # its first piece is in a forward
+        big.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await big
+        small = asyncio.ensure_future(engine.embed([[SMALL, 1]]))
+        runner.step()  # the big request's running forward ends
+        await runner.entered()
+        runner.step()
+        assert [v.tolist() for v in await small] == [[SMALL, 2]]
+        stats = engine.stats()
+    finally:
+        for _ in range(4):
+            runner.step()
+        await engine.stop()
+    # The big request ran one piece; its 19 others were dropped, none cost a forward.
+    assert runner.forwards == [[BIG, BIG], [SMALL]]
+    assert stats.dropped == 38 and stats.forwards == 2 and stats.in_flight == 0
+
+
+async def test_a_later_request_runs_between_the_pieces_of_a_big_one() -> None:
+    runner = GatedRunner()
+    engine = await _engine(runner, max_rows=64, max_tokens=20)
+    try:
+        big = asyncio.ensure_future(engine.embed([[BIG + i] * 10 for i in range(12)]))  # 6 pieces of 2 inputs
+        await runner.entered()
+        small = asyncio.ensure_future(engine.embed([[SMALL, 1]]))
+        await asyncio.sleep(0.01)  # queued while the big request's first forward waits for its permit
+        for _ in range(7):
+            runner.step()
+        vectors, _ = await asyncio.gather(big, small)
+    finally:
+        await engine.stop()
+    # The small request waited for the big one's running piece only, then shared the next round with its second.
+    assert runner.forwards == [[BIG, BIG + 1], [SMALL], *[[BIG + i, BIG + i + 1] for i in range(2, 12, 2)]]
+    assert [v.tolist() for v in vectors] == [[BIG + i, 10] for i in range(12)]  # in the request's order

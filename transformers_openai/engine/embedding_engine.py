@@ -1,8 +1,9 @@
-"""The engine of an embedding model: requests queue up, its own thread embeds all that wait in length-sorted batches.
+"""The engine of an embedding model: requests queue up, its own thread embeds them in length-sorted batches.
 
-Concurrent requests share forwards: the thread takes every request waiting when it wakes, sorts all their inputs by
-length, and runs them in batches of at most `max_rows` inputs and `max_tokens` padded tokens, cut where padding
-would cost more than another forward.
+A request's inputs are cut into pieces of at most `max_rows` inputs and `max_tokens` padded tokens (what one forward
+may take). Each round the thread runs the next piece of every request it holds, batched together: concurrent
+requests share forwards, a big request runs piece by piece in turn with the requests that come after it, and a
+request whose caller left (cancelled) is dropped at the next forward, so it frees the engine within one piece.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -40,12 +42,23 @@ class EmbeddingStats:
     requests: int  # answered since start
     inputs: int  # inputs embedded since start
     forwards: int  # batched forwards run since start (fewer than the inputs: they were batched)
+    dropped: int  # inputs never embedded because their request was cancelled first (its client left)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
+    """A request in the engine: its inputs, the pieces not run yet and the vectors found so far."""
+
     inputs: list[list[int]]
-    future: concurrent.futures.Future[Vectors]
+    future: concurrent.futures.Future[Vectors]  # stays pending until answered, so that a caller may cancel it
+    pieces: deque[list[int]] = field(default_factory=deque)  # indexes into `inputs`, in the order they run
+    vectors: list[np.ndarray | None] = field(default_factory=list)
+    left: int = 0  # inputs not embedded yet
+
+    @property
+    def gone(self) -> bool:
+        """Cancelled by its caller, or ended by `fail_in_flight` or a failed forward: nothing more to run."""
+        return self.future.done()
 
 
 # What one more forward costs, in tokens of work, against padding (a short input batched with a long one pays for
@@ -84,11 +97,27 @@ def batches(
     return found[::-1]
 
 
+def cut_pieces(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Indexes into `lengths`, shortest first, cut into pieces of at most `max_rows` inputs and `max_tokens` padded
+    tokens (an input longer than that is a piece of its own): the most of one request that one forward runs."""
+    found: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if current and (len(current) >= max_rows or (len(current) + 1) * lengths[index] > max_tokens):
+            found.append(current)
+            current = []
+        current.append(index)
+    if current:
+        found.append(current)
+    return found
+
+
 class EmbeddingEngine(EngineThread[Embedder]):
     """Thread-safe bridge between the event loop and the thread that runs the embedding model.
 
     `embed` admits a request at once (raises `EngineOverloaded` when `max_requests` are in flight) and resolves
-    when its vectors are ready; a caller that is cancelled before its batch starts costs no forward.
+    when its vectors are ready; a caller that is cancelled costs no forward after the one running (its pieces not
+    run yet are dropped, and a batch all of whose requests are gone is not run).
     """
 
     def __init__(
@@ -109,7 +138,7 @@ class EmbeddingEngine(EngineThread[Embedder]):
         self._threads = threads
         self._jobs: list[_Job] = []
         self._in_flight: set[concurrent.futures.Future[Vectors]] = set()
-        self._requests = self._inputs = self._forwards = 0
+        self._requests = self._inputs = self._forwards = self._dropped = 0
 
     def stats(self) -> EmbeddingStats:
         with self._cv:
@@ -119,6 +148,7 @@ class EmbeddingEngine(EngineThread[Embedder]):
                 requests=self._requests,
                 inputs=self._inputs,
                 forwards=self._forwards,
+                dropped=self._dropped,
             )
 
     async def embed(self, inputs: list[list[int]]) -> Vectors:
@@ -132,7 +162,9 @@ class EmbeddingEngine(EngineThread[Embedder]):
                     f"server is at capacity ({self.max_requests} requests in flight); retry later", retry_after_s=1
                 )
             self._in_flight.add(future)
-            self._jobs.append(_Job(inputs, future))
+            job = _Job(inputs, future, deque(cut_pieces([len(ids) for ids in inputs], self.max_rows, self.max_tokens)))
+            job.vectors, job.left = [None] * len(inputs), len(inputs)
+            self._jobs.append(job)
             self._cv.notify()
         future.add_done_callback(self._done)
         return await asyncio.wrap_future(future)
@@ -163,57 +195,76 @@ class EmbeddingEngine(EngineThread[Embedder]):
 
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # the thread's own setting
+        held: list[_Job] = []  # requests with pieces left to run
         while True:
             with self._cv:
-                while not (self._jobs or self._calls or self._stopping):
+                while not (self._jobs or self._calls or self._stopping or held):
                     self._cv.wait()
                 if self._stopping:
                     break
-                jobs, self._jobs = self._jobs, []
+                held += self._jobs
+                self._jobs = []
                 calls = self._take_calls()
             self._run_calls(calls)
-            self._serve([job for job in jobs if job.future.set_running_or_notify_cancel()])
+            held = self._retire(held)
+            if held:
+                self._round(held)
         with self._cv:
-            left, self._jobs = self._jobs, []
+            left, self._jobs = held + self._jobs, []
         for job in left:
             job.future.cancel()
         self._cancel_calls()
 
-    def _serve(self, jobs: list[_Job]) -> None:
-        """Embeds the inputs of `jobs` together and answers each job."""
-        if not jobs:
-            return
-        owners = [(j, k) for j, job in enumerate(jobs) for k in range(len(job.inputs))]
-        flat = [jobs[j].inputs[k] for j, k in owners]
-        results: list[list[np.ndarray | None]] = [[None] * len(job.inputs) for job in jobs]
+    def _retire(self, jobs: list[_Job]) -> list[_Job]:
+        """The jobs still to run; a cancelled one's inputs not embedded are counted as dropped."""
+        keep = [job for job in jobs if job.pieces and not job.gone]
+        dropped = sum(job.left for job in jobs if job.future.cancelled())
+        if dropped:
+            with self._cv:
+                self._dropped += dropped
+        return keep
+
+    def _round(self, jobs: list[_Job]) -> None:
+        """Runs the next piece of each job, all of them batched together."""
+        rows = [(job, index) for job in jobs for index in job.pieces.popleft()]
+        lengths = [len(job.inputs[index]) for job, index in rows]
+        for batch in batches(lengths, self.max_rows, self.max_tokens, self.forward_cost):
+            live = [rows[i] for i in batch if not rows[i][0].gone]  # the client may have left since the last forward
+            if live:
+                self._forward(live)
+
+    def _forward(self, rows: list[tuple[_Job, int]]) -> None:
+        """Embeds one batch of (job, input index) rows; a job whose last input this was is answered."""
         try:
-            for batch in batches([len(ids) for ids in flat], self.max_rows, self.max_tokens, self.forward_cost):
-                vectors = self.runner.embed([flat[i] for i in batch]).numpy()
-                for row, index in enumerate(batch):
-                    j, k = owners[index]
-                    results[j][k] = vectors[row]
-                with self._cv:
-                    self._forwards += 1
-                    self._inputs += len(batch)
-        except Exception as exc:  # keep serving: these requests fail, the next ones get their turn
+            vectors = self.runner.embed([job.inputs[index] for job, index in rows]).numpy()
+        except Exception as exc:  # keep serving: these requests fail, the others and the next ones get their turn
             logger.exception("embedding batch failed")
-            for job in jobs:
+            for job in dict.fromkeys(job for job, _ in rows):
                 _settle(job.future, exception=EngineError(f"{type(exc).__name__}: {exc}"))
             return
+        finished: list[_Job] = []
+        for row, (job, index) in enumerate(rows):
+            job.vectors[index] = vectors[row]
+            job.left -= 1
+            if job.left == 0:
+                finished.append(job)
+        with self._cv:  # counted before the answers, so that a caller answered sees its forward counted
+            self._forwards += 1
+            self._inputs += len(rows)
+        answered = sum(_settle(job.future, result=[v for v in job.vectors if v is not None]) for job in finished)
         with self._cv:
-            self._requests += len(jobs)
-        for job, found in zip(jobs, results, strict=True):
-            _settle(job.future, result=[v for v in found if v is not None])
+            self._requests += answered
 
 
 def _settle(
     future: concurrent.futures.Future[Vectors], result: Vectors | None = None, exception: Exception | None = None
-) -> None:
-    """Answers a future unless `fail_in_flight` ended it first."""
+) -> bool:
+    """Answers a future unless its caller cancelled it or `fail_in_flight` ended it first; whether it did."""
     try:
         if exception is not None:
             future.set_exception(exception)
         else:
             future.set_result(result or [])
     except concurrent.futures.InvalidStateError:
-        pass
+        return False
+    return True
