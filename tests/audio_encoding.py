@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import wave
 
 import av
 import numpy as np
+import soundfile
 
 from transformers_openai.serving.audio import decode_audio
 
@@ -31,4 +33,43 @@ def encoded(clip: bytes, container: str, codec: str, rate: int = RATE) -> bytes:
                 target.mux(packet)
         for packet in stream.encode(None):
             target.mux(packet)
+    return out.getvalue()
+
+
+def low_rate_wav(rate: int = 1, size: int = 40_000) -> bytes:
+    """A `size`-byte 16-bit WAV sampled at `rate` Hz: 20,000 s of audio at 1 Hz, 1.3 GB once resampled to 16 kHz."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as target:
+        target.setnchannels(1)
+        target.setsampwidth(2)
+        target.setframerate(rate)
+        target.writeframes(np.zeros((size - 44) // 2, dtype="<i2").tobytes())
+    return out.getvalue()
+
+
+def low_rate_matroska(rate: int = 2, samples: int = 500_000, frames: int = 1) -> bytes:
+    """Matroska holding `frames` PCM frames of `samples` each at `rate` Hz (about 1 MB by default): one frame of it
+    resampled to 16 kHz would be 4 billion samples."""
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="matroska") as target:
+        stream = target.add_stream("pcm_s16le", rate=rate, layout="mono")
+        for index in range(frames):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, samples), dtype=np.int16), format="s16", layout="mono")
+            frame.sample_rate, frame.pts = rate, index * samples
+            for packet in stream.encode(frame):
+                target.mux(packet)
+        for packet in stream.encode(None):
+            target.mux(packet)
+    return out.getvalue()
+
+
+def silent_flac(seconds: float, rate: int = 8000) -> bytes:
+    """FLAC of `seconds` of silence, written a block at a time (two hours of it take 180 KB)."""
+    out = io.BytesIO()
+    block = np.zeros(1 << 20, dtype=np.int16)
+    left = int(seconds * rate)
+    with soundfile.SoundFile(out, "w", samplerate=rate, channels=1, format="FLAC", subtype="PCM_16") as target:
+        while left > 0:
+            target.write(block[: min(left, block.size)])
+            left -= block.size
     return out.getvalue()

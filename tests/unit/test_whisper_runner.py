@@ -179,8 +179,8 @@ def test_language_detection_picks_the_likeliest_language_token(model: WhisperFor
     calls: list[int] = []
     hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
     try:
-        runner.detect_language(window(4), SOT, languages, window_id="req-w0")
-        job = PrefillJob([SOT], {"input_features": window(4), "window_id": "req-w0"})
+        runner.detect_language(window(4), SOT, languages, window=("req", 0))
+        job = PrefillJob([SOT], {"input_features": window(4), "window": ("req", 0)})
         assert runner.prefill_overhead(job) == 0
         RunnerDriver(runner).prefill(job, 10_000)
     finally:
@@ -227,3 +227,42 @@ def test_prefill_hands_the_cache_over_under_the_keyword_the_model_takes(model) -
         warnings.simplefilter("always")
         RunnerDriver(runner).prefill(PrefillJob(prefix, {"input_features": features}), 10_000)
     assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []
+
+
+@torch.inference_mode()
+def test_a_kept_window_serves_its_own_transcription_only_and_is_dropped_when_it_ends(model) -> None:
+    """The encoder output of a window is reused for that window of that transcription alone: another transcription's
+    window of the same number is encoded from its own audio, a transcription's next window replaces its last, and
+    nothing stays once the transcription is released."""
+    runner = WhisperRunner(model, max_rows=4)
+    driver = RunnerDriver(runner)
+    calls: list[int] = []
+    hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
+    (audio_a, prefix), (audio_b, _) = WINDOWS[0], WINDOWS[1]
+    try:
+        first = driver.prefill(PrefillJob(prefix, {"input_features": audio_a, "window": ("a", 0)}), 10_000)
+        other = PrefillJob(prefix, {"input_features": audio_b, "window": ("b", 0)})
+        assert runner.prefill_overhead(other) == runner.max_input_len  # not A's window: it needs its encoder pass
+        second = driver.prefill(other, 10_000)
+        retry = PrefillJob(prefix, {"input_features": audio_a, "window": ("a", 0)})
+        assert runner.prefill_overhead(retry) == 0
+        driver.prefill(retry, 10_000)
+        assert calls == [1, 1]  # the retry of A's window reused its encoder pass
+        assert sorted(runner.kept_windows()) == [("a", 0), ("b", 0)]
+        driver.prefill(PrefillJob(prefix, {"input_features": audio_b, "window": ("a", 1)}), 10_000)
+        assert sorted(runner.kept_windows()) == [("a", 1), ("b", 0)]  # A's first window is done with
+    finally:
+        hook.remove()
+    torch.testing.assert_close(first[1], reference(model, audio_a, prefix, [])[0], rtol=0, atol=1e-4)
+    torch.testing.assert_close(second[1], reference(model, audio_b, prefix, [])[0], rtol=0, atol=1e-4)
+    runner.release_windows("a")
+    runner.release_windows("b")
+    runner.release_windows("never-seen")  # idempotent, and harmless for a key it does not know
+    assert runner.kept_windows() == []
+
+
+def test_kept_windows_are_bounded_by_the_rows(model) -> None:
+    runner = WhisperRunner(model, max_rows=2)
+    for key in ("a", "b", "c"):
+        runner.detect_language(window(1), SOT, [52, 53], window=(key, 0))
+    assert runner.kept_windows() == [("b", 0), ("c", 0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
@@ -92,32 +93,32 @@ async def _serve(
     state: AppState = app.state.serving
     handler = state.handlers().transcriptions
     try:
-        audio = await _read_limited(file, app.state.settings.max_audio_bytes)
-        filename = file.filename or ""
+        _check_size(file, app.state.settings.max_audio_bytes)
+        body = TranscriptionRequest(
+            audio=file.file,  # decoded from where the upload was spooled (memory, or disk past 1 MB): not copied
+            filename=file.filename or "",
+            model=model,
+            task=task,
+            prompt=prompt,
+            response_format=response_format,
+            temperature=temperature,
+            **fields,
+        )
+        # The handler has decoded the file by the time it answers, even with a stream of events.
+        return await respond(
+            request, lambda wait, request_id: handler.create(body, wait, request_id), MEDIA_TYPES[response_format]
+        )
     finally:
         await file.close()
-    body = TranscriptionRequest(
-        audio=audio,
-        filename=filename,
-        model=model,
-        task=task,
-        prompt=prompt,
-        response_format=response_format,
-        temperature=temperature,
-        **fields,
-    )
-    return await respond(
-        request, lambda wait, request_id: handler.create(body, wait, request_id), MEDIA_TYPES[response_format]
-    )
 
 
-async def _read_limited(file: UploadFile, limit: int) -> bytes:
-    if file.size is not None and file.size > limit:
+def _check_size(file: UploadFile, limit: int) -> None:
+    size = file.size
+    if size is None:
+        size = file.file.seek(0, io.SEEK_END)
+        file.file.seek(0)
+    if size > limit:
         raise _too_large(limit)
-    data = await file.read(limit + 1)
-    if len(data) > limit:
-        raise _too_large(limit)
-    return data
 
 
 def _too_large(limit: int) -> PayloadTooLargeError:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, Field
 
@@ -16,7 +16,7 @@ Task = Literal["transcribe", "translate"]
 class TranscriptionRequest:
     """A transcription or translation as the form gave it, fields checked."""
 
-    audio: bytes
+    audio: bytes | BinaryIO  # the file's bytes, or the seekable file the upload was spooled to
     filename: str
     model: str
     task: Task = "transcribe"

@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 # Mel frames the encoder takes: one 30 s window.
 WINDOW_FRAMES = 3000
 
+# A window of a transcription: the key the server made for the transcription (never one a client chose: a kept
+# encoder output is reused on its key alone) and the window's number in it.
+WindowKey = tuple[str, int]
+
 
 class WhisperRunner(Seq2SeqRunner):
     """Encodes a window's log-mel features once at admission; its forced prefix is the decoder's prompt.
@@ -31,8 +35,10 @@ class WhisperRunner(Seq2SeqRunner):
     its decoder self-attention K/V; Whisper's learned positions need each row's own position id.
     A request's `encoder_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
     (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`).
-    A request may name its window (`encoder_inputs["window_id"]`): the encoder output is then kept for a retry of
-    the same window (temperature fallback), the `max_rows` most recent windows at most.
+    A request may name its window (`encoder_inputs["window"]`: a `WindowKey`, the transcription's server-made key and
+    the window's number): its encoder output is then kept for a retry of the same window (temperature fallback), one
+    window per transcription (its next window replaces it), until `release_windows` drops it when the transcription
+    ends; the `max_rows` most recent transcriptions at most.
     """
 
     def __init__(
@@ -48,7 +54,7 @@ class WhisperRunner(Seq2SeqRunner):
         generation = model.generation_config
         self._sot = int(generation.decoder_start_token_id)
         self._no_speech = _no_speech_token(generation)
-        self._encoded: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._encoded: OrderedDict[str, tuple[int, torch.Tensor]] = OrderedDict()  # transcription -> its window
         self._model_cache_keyword = cache_keyword(model.model)  # the prefill calls the encoder-decoder without its head
 
     @classmethod
@@ -80,13 +86,12 @@ class WhisperRunner(Seq2SeqRunner):
 
     def prefill_overhead(self, job: PrefillJob) -> int:
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
-        return 0 if job.encoder_inputs.get("window_id") in self._encoded else self.max_input_len
+        return 0 if self._kept(job.encoder_inputs.get("window")) is not None else self.max_input_len
 
     @torch.inference_mode()
     def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
         """The windows admitted together that need an encoder pass share one batched call; then each joins."""
-        cached = self._encoded
-        fresh = [job for job, _ in jobs if job.state is None and job.encoder_inputs.get("window_id") not in cached]
+        fresh = [job for job, _ in jobs if job.state is None and self._kept(job.encoder_inputs.get("window")) is None]
         if len(fresh) > 1:
             try:
                 hidden = self.model.model.encoder(input_features=torch.cat([self._features(job) for job in fresh]))
@@ -107,11 +112,11 @@ class WhisperRunner(Seq2SeqRunner):
 
     def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
         encoded, job.state = job.state, None  # the batched encoder pass's output, if this step made one
-        window_id = job.encoder_inputs.get("window_id")
+        window: WindowKey | None = job.encoder_inputs.get("window")
         if encoded is None:
-            encoded = self._encode(self._features(job), window_id)
-        elif window_id is not None:
-            self._remember(window_id, encoded)
+            encoded = self._encode(self._features(job), window)
+        elif window is not None:
+            self._remember(window, encoded)
         prefix = job.prompt_token_ids
         out = self.model.model(
             encoder_outputs=(encoded,),
@@ -129,19 +134,40 @@ class WhisperRunner(Seq2SeqRunner):
         next_logits: torch.Tensor = logits[1]
         return next_logits
 
-    def _encode(self, features: torch.Tensor, window_id: str | None) -> torch.Tensor:
-        if window_id is not None and window_id in self._encoded:
-            self._encoded.move_to_end(window_id)
-            return self._encoded[window_id]
+    def _encode(self, features: torch.Tensor, window: WindowKey | None) -> torch.Tensor:
+        kept = self._kept(window)
+        if kept is not None:
+            return kept
         hidden: torch.Tensor = self.model.model.encoder(input_features=features).last_hidden_state
-        if window_id is not None:
-            self._remember(window_id, hidden)
+        if window is not None:
+            self._remember(window, hidden)
         return hidden
 
-    def _remember(self, window_id: str, hidden: torch.Tensor) -> None:
-        self._encoded[window_id] = hidden
+    def _kept(self, window: WindowKey | None) -> torch.Tensor | None:
+        """The encoder output kept for exactly this window of this transcription, if any."""
+        if window is None:
+            return None
+        key, number = window
+        kept = self._encoded.get(key)
+        if kept is None or kept[0] != number:
+            return None
+        self._encoded.move_to_end(key)
+        return kept[1]
+
+    def _remember(self, window: WindowKey, hidden: torch.Tensor) -> None:
+        key, number = window
+        self._encoded[key] = (number, hidden)  # a transcription's earlier windows are done with: replaced
+        self._encoded.move_to_end(key)
         while len(self._encoded) > self.max_rows:
             self._encoded.popitem(last=False)
+
+    def release_windows(self, key: str) -> None:
+        """Drops what was kept for the transcription `key` (it ended: finished, failed or aborted)."""
+        self._encoded.pop(key, None)
+
+    def kept_windows(self) -> list[WindowKey]:
+        """The windows whose encoder output is kept, oldest first."""
+        return [(key, number) for key, (number, _) in self._encoded.items()]
 
     def decoder_prompt(self, job: PrefillJob) -> list[int]:
         return job.prompt_token_ids  # the forced prefix starts with its own start token
@@ -151,13 +177,13 @@ class WhisperRunner(Seq2SeqRunner):
 
     @torch.inference_mode()
     def detect_language(
-        self, features: torch.Tensor, sot: int, language_tokens: Sequence[int], window_id: str | None = None
+        self, features: torch.Tensor, sot: int, language_tokens: Sequence[int], window: WindowKey | None = None
     ) -> int:
         """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch).
 
-        With `window_id`, the encoder output is kept for that window's prefill, which then does not encode again.
+        With `window`, the encoder output is kept for that window's prefill, which then does not encode again.
         """
-        encoded = self._encode(self._features(PrefillJob([], {"input_features": features})), window_id)
+        encoded = self._encode(self._features(PrefillJob([], {"input_features": features})), window)
         decoder_input_ids = torch.tensor([[sot]], device=self.device)
         out = self.model(encoder_outputs=(encoded,), decoder_input_ids=decoder_input_ids)
         candidates = torch.tensor(list(language_tokens), device=self.device)
@@ -180,8 +206,11 @@ class WhisperRunner(Seq2SeqRunner):
             hooks += [_capture(getattr(attention, name), (layer, name), captured) for name in ("q_proj", "k_proj")]
         try:
             features = torch.as_tensor(features, device=self.device, dtype=self.model.dtype)
-            self.model.model(input_features=features.reshape(1, -1, WINDOW_FRAMES),
-                             decoder_input_ids=torch.tensor([tokens], device=self.device), use_cache=False)
+            self.model.model(
+                input_features=features.reshape(1, -1, WINDOW_FRAMES),
+                decoder_input_ids=torch.tensor([tokens], device=self.device),
+                use_cache=False,
+            )
         finally:
             for hook in hooks:
                 hook.remove()

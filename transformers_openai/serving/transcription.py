@@ -5,11 +5,15 @@ window is submitted when its previous one finishes (a continuation: admitted eve
 queue). The rules are OpenAI whisper's: the seek follows the last timestamp, the previous text is the next
 window's prompt, a window whose text is repetitive or unlikely is decoded again hotter (the encoder output is
 reused), a window that is likely silence is skipped.
+
+A transcription's windows are named by a key the server makes (never the client's X-Request-Id, which only names
+the log lines): the runner keeps a window's encoder output under that key, and drops it when the transcription ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -34,7 +38,7 @@ from transformers_openai.serving.audio import decode_audio
 from transformers_openai.serving.base import check_output
 from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
-from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
 from transformers_openai.serving.longform import (
     FRAMES_PER_POSITION,
     FRAMES_PER_SECOND,
@@ -66,7 +70,7 @@ class _Audio:
 class _Progress:
     """Where a transcription stands."""
 
-    request_id: str
+    request_id: str  # for the log lines: the client's X-Request-Id, or the transcription's key
     transcript: Transcript
     started: float = field(default_factory=time.monotonic)
     first_text_at: float | None = None
@@ -82,6 +86,9 @@ class TranscriptionHandler:
             raise ValueError("a transcription handler needs a speech model")
         self.ctx = ctx
         self.speech: SpeechModel = ctx.speech
+        # Uploads decoded at once: each holds up to the length limit's samples and its features while it decodes.
+        self._decodes = asyncio.Semaphore(self.speech.max_audio_decodes)
+        self._releases: set[asyncio.Task[None]] = set()
 
     async def create(
         self, request: TranscriptionRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
@@ -89,18 +96,23 @@ class TranscriptionHandler:
         """The response body (a model, or the string of text/srt/vtt), or a stream of events."""
         self.ctx.check_model(request.model)
         language = self._language(request)
-        base_id = request_id or uuid.uuid4().hex
-        audio = await asyncio.to_thread(one_torch_thread(self._prepare), request)
+        key = uuid.uuid4().hex  # names the engine requests and the windows the runner keeps
+        log_id = request_id or key
+        audio = await self._decoded(request, wait_disconnect, log_id)
         prompt = await self._prompt(request)
-        if language is None:
-            language = await self._detect_language(audio, f"{base_id}-w0")
-        progress = _Progress(base_id, Transcript(task=request.task, language=language, duration=audio.duration))
-        # The first window goes in now, so a full server answers 429 before any response starts.
-        first = self._submit(base_id, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
-        segments = self._segments(base_id, request, language, audio, prompt, progress, first)
+        try:
+            if language is None:
+                language = await self._detect_language(audio, key)
+            progress = _Progress(log_id, Transcript(task=request.task, language=language, duration=audio.duration))
+            # The first window goes in now, so a full server answers 429 before any response starts.
+            first = self._submit(key, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
+        except BaseException:
+            self._release(key)
+            raise
+        segments = self._segments(key, request, language, audio, prompt, progress, first)
         if request.stream:
             return self._events(request, progress, segments)
-        await until_disconnect(self._collect(segments), wait_disconnect, base_id)
+        await until_disconnect(self._collect(segments), wait_disconnect, log_id)
         self._finished(request, progress)
         return render(progress.transcript, request.response_format, request.word_timestamps)
 
@@ -127,8 +139,26 @@ class TranscriptionHandler:
             )
         return code
 
+    async def _decoded(self, request: TranscriptionRequest, wait_disconnect: WaitDisconnect, log_id: str) -> _Audio:
+        """The request's audio, decoded when a decode slot is free (a client that leaves while waiting for one is
+        let go); the slot is held until the worker thread is done, even when the request is cancelled meanwhile."""
+        await until_disconnect(self._decodes.acquire(), wait_disconnect, log_id)
+        work = asyncio.ensure_future(asyncio.to_thread(one_torch_thread(self._prepare), request))
+        work.add_done_callback(lambda _: self._decodes.release())
+        return await asyncio.shield(work)
+
     def _prepare(self, request: TranscriptionRequest) -> _Audio:
         """Decodes the file and computes its log-mel features (blocking: runs in a worker thread)."""
+        try:
+            return self._features(request)
+        except MemoryError as exc:
+            raise ServiceUnavailableError(
+                "the server has no memory free to decode this audio now; retry later or send a shorter file",
+                param="file",
+                code="out_of_memory",
+            ) from exc
+
+    def _features(self, request: TranscriptionRequest) -> _Audio:
         speech = self.speech
         rate = speech.sampling_rate
         samples = decode_audio(request.audio, rate, speech.max_audio_seconds, request.filename)
@@ -145,13 +175,13 @@ class TranscriptionHandler:
         ids = await self.ctx.tokenizer.encode_text(" " + request.prompt.strip(), add_special_tokens=False)
         return [token for token in ids if token < self.speech.tokens.eot]
 
-    async def _detect_language(self, audio: _Audio, window_id: str) -> str:
+    async def _detect_language(self, audio: _Audio, key: str) -> str:
         """One decoder step on the first window; its encoder output is kept for that window's decoding."""
         tokens = self.speech.tokens
         window = np.ascontiguousarray(audio.features[:, :WINDOW_FRAMES])
         candidates = dict(tokens.languages)
         best: int = await self.ctx.engine.call(
-            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()), window_id)
+            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()), (key, 0))
         )
         return next(code for code, token in candidates.items() if token == best)
 
@@ -165,22 +195,28 @@ class TranscriptionHandler:
 
     # -- decoding, window after window
     def _submit(
-        self, base_id: str, window: int, attempt: int, prefix: list[int], audio: _Audio, temperature: float,
+        self,
+        key: str,
+        window: int,
+        attempt: int,
+        prefix: list[int],
+        audio: _Audio,
+        temperature: float,
         seek: int = 0,
     ) -> tuple[str, AsyncIterator[RequestOutput]]:
         """Sends one decoding of one window to the engine; later windows and retries are continuations."""
-        engine_id = f"{base_id}-w{window}-t{attempt}"
+        engine_id = f"{key}-w{window}-t{attempt}"
         limit = min(MAX_TOKENS_PER_WINDOW, self.ctx.max_model_len - len(prefix))
         params = SamplingParams(max_tokens=limit, temperature=temperature, logprobs=0)
         features = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
-        inputs = {"input_features": features, "window_id": f"{base_id}-w{window}"}
+        inputs = {"input_features": features, "window": (key, window)}
         continuation = window > 0 or attempt > 0
         request = EngineRequest(engine_id, prefix, params, encoder_inputs=inputs, continuation=continuation)
         return engine_id, self.ctx.engine.submit([request])[0]
 
     async def _segments(
         self,
-        base_id: str,
+        key: str,
         request: TranscriptionRequest,
         language: str,
         audio: _Audio,
@@ -198,7 +234,7 @@ class TranscriptionHandler:
             while seek < audio.content_frames:
                 size = min(WINDOW_FRAMES, audio.content_frames - seek)
                 prefix = self._prefix(request, language, carried[reset_since:])
-                attempt = await self._decode_window(base_id, window, prefix, audio, seek, request.temperature, pending)
+                attempt = await self._decode_window(key, window, prefix, audio, seek, request.temperature, pending)
                 pending = None
                 window += 1
                 progress.windows += 1
@@ -242,10 +278,22 @@ class TranscriptionHandler:
         finally:
             if pending is not None:
                 self.ctx.engine.abort(pending[0])
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        """Has the runner drop what it kept for the transcription's windows (on the engine thread, after the
+        aborts already sent); not awaited, so that it also runs from a cancelled request."""
+        task = asyncio.get_running_loop().create_task(self._forget(key))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _forget(self, key: str) -> None:
+        with contextlib.suppress(Exception):  # a stopped engine keeps nothing; a runner without windows neither
+            await self.ctx.engine.call(lambda runner: runner.release_windows(key))
 
     async def _decode_window(
         self,
-        base_id: str,
+        key: str,
         window: int,
         prefix: list[int],
         audio: _Audio,
@@ -259,7 +307,7 @@ class TranscriptionHandler:
             if number == 0 and pending is not None:
                 engine_id, stream = pending
             else:
-                engine_id, stream = self._submit(base_id, window, number, prefix, audio, hotter, seek)
+                engine_id, stream = self._submit(key, window, number, prefix, audio, hotter, seek)
             attempt = await self._attempt(engine_id, stream, hotter)
             if not attempt.needs_fallback:
                 break
@@ -362,10 +410,20 @@ class TranscriptionHandler:
         ttft = (progress.first_text_at - progress.started) if progress.first_text_at else None
         logger.info(
             "transcription %s finished: audio=%.2fs windows=%d tokens=%d time_to_first_text=%s rtf=%.3f",
-            request_id, audio_s, progress.windows, progress.tokens,
-            "-" if ttft is None else f"{ttft:.3f}s", rtf,
-            extra={"request_id": request_id, "audio_seconds": audio_s, "windows": progress.windows,
-                   "tokens": progress.tokens, "time_to_first_text_s": ttft, "real_time_factor": rtf},
+            request_id,
+            audio_s,
+            progress.windows,
+            progress.tokens,
+            "-" if ttft is None else f"{ttft:.3f}s",
+            rtf,
+            extra={
+                "request_id": request_id,
+                "audio_seconds": audio_s,
+                "windows": progress.windows,
+                "tokens": progress.tokens,
+                "time_to_first_text_s": ttft,
+                "real_time_factor": rtf,
+            },
         )
         if self.speech.observer is not None:
             endpoint = "translations" if request.task == "translate" else "transcriptions"
