@@ -30,6 +30,7 @@ if ! command -v g++ >/dev/null && ! command -v c++ >/dev/null; then
   apt_install g++ "torch.compile builds its CPU kernels with it (tests/unit/test_fixed_steps.py)"
 fi
 ruff check transformers_openai tests stress-test scripts
+clang-format --dry-run -Werror transformers_openai/runners/csrc/*.cpp
 mypy transformers_openai
 # -rs: each skipped test with its reason in the summary.
 python -m pytest -q -rs -p no:cacheprovider "$@"

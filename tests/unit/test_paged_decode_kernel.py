@@ -99,11 +99,13 @@ print(out.flatten().tolist())
 
 def test_a_kernel_built_once_is_loaded_from_its_directory(tmp_path: Path) -> None:
     """A fresh process builds the library into the directory; the next one loads it from there, and both get the
-    operator (here: equal scores, so the mean of the values of slots 4 and 5)."""
+    operator (here: equal scores, so the mean of the values of slots 4 and 5). The build, with -Wall -Wextra, warns
+    of nothing (a warning would be logged to stderr)."""
 
     def start() -> str:
         done = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, str(tmp_path)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+        assert "compiler warnings" not in done.stderr, done.stderr
         return done.stdout.strip()
 
     assert start() == "[18.0, 19.0, 20.0, 21.0]"
