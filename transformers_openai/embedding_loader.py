@@ -19,6 +19,7 @@ from transformers_openai.engine.embedding_engine import (
 from transformers_openai.runners.embedding import EmbeddingRunner
 from transformers_openai.runners.pooling import PoolingSpec, read_sentence_transformers
 from transformers_openai.serving.context import Capability, EmbeddingModel, ServingContext
+from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.settings import Settings
 
@@ -122,6 +123,15 @@ def embedding_context(
         forward_cost=CPU_FORWARD_COST_TOKENS if model.device.type == "cpu" else GPU_FORWARD_COST_TOKENS,
     )
     is_matryoshka, dims = matryoshka(config)
+    tokenizer_service = TokenizerService(tokenizer)
+    # /tokenize's bounds, and the characters a token stands for at most (the cheap check of /v1/embeddings' inputs).
+    limits = PromptLimits(
+        max_messages=settings.max_chat_messages,
+        max_content_parts=settings.max_content_parts,
+        max_prompt_tokens=max_len,
+        max_token_chars=tokenizer_service.longest_token_chars(),
+        max_sequences=rows + settings.max_queue,
+    )
     logger.info(
         "loaded %s (embedding: %s pooling%s, %d dimensions) on %s as %s, inputs up to %d tokens",
         settings.model,
@@ -134,13 +144,14 @@ def embedding_context(
     )
     return ServingContext(
         engine=engine,
-        tokenizer=TokenizerService(tokenizer),
+        tokenizer=tokenizer_service,
         model_name=settings.model_name,
         model_aliases=frozenset({settings.model_name, settings.model}),
         max_model_len=max_len,
         model_kind="embedding",
         max_input_len=max_len,
         capabilities=frozenset({Capability.EMBEDDINGS}),
+        prompt_limits=limits,
         embeddings=EmbeddingModel(
             engine=engine,
             max_input_len=max_len,
@@ -148,5 +159,6 @@ def embedding_context(
             normalized=spec.normalize,
             matryoshka=is_matryoshka,
             matryoshka_dims=dims,
+            max_total_tokens=settings.max_embedding_tokens,
         ),
     )

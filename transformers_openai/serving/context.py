@@ -91,6 +91,7 @@ class EmbeddingModel:
     normalized: bool
     matryoshka: bool = False
     matryoshka_dims: tuple[int, ...] | None = None
+    max_total_tokens: int = 300_000  # tokens one request may hold over all its inputs (--max-embedding-tokens)
 
 
 @dataclass
