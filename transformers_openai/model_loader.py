@@ -272,7 +272,11 @@ def load_serving_context(
         else FORMATS[settings.tool_call_parser]
     )
     speech = _speech_model(settings, model, tokenizer, observer) if Capability.SPEECH in spec.capabilities else None
-    structured = StructuredOutputs(tokenizer) if Capability.TEXT in spec.capabilities else None
+    structured = (
+        StructuredOutputs(tokenizer, settings.max_schema_bytes, settings.grammar_cache_bytes)
+        if Capability.TEXT in spec.capabilities
+        else None
+    )
     # What a first request would otherwise build while others stream (the engine thread waits for the GIL).
     if structured is not None:
         structured.warm_up()

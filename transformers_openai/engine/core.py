@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from transformers_openai.engine.detokenizer import Decoder
+from transformers_openai.engine.errors import ConstraintFailed
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.kv_manager import KVManager
-from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
@@ -409,7 +410,10 @@ class EngineCore:
         for seq in seqs:
             self.scheduler.remove(seq.request_id)
             self._release(seq)
-            outputs.append(seq.final_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}"))
+            output = seq.final_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, ConstraintFailed):  # the request's own grammar gave up, not the engine
+                output.error, output.error_kind = str(exc), ErrorKind.CONSTRAINT
+            outputs.append(output)
             self._finished(seq)
         return outputs
 

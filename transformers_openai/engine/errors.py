@@ -23,3 +23,8 @@ class DuplicateRequestId(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is not running (not started yet, or shutting down)."""
+
+
+class ConstraintFailed(EngineError):
+    """A request's own token constraint cannot go on (its grammar failed, or costs too much to follow): that request
+    ends alone, as a fault of what it asked for (`ErrorKind.CONSTRAINT`), not of the engine."""

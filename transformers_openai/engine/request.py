@@ -25,10 +25,15 @@ class ErrorKind(str, enum.Enum):
     INTERNAL = "internal"  # a fault of the engine
     SHUTDOWN = "shutdown"  # the server is going down
     STALLED = "stalled"  # its consumer stopped taking the outputs
+    CONSTRAINT = "constraint"  # its own token constraint gave up (engine.errors.ConstraintFailed)
 
 
 class TokenConstraint(Protocol):
-    """A rule on which tokens may come next (a grammar), advanced by every token the request samples."""
+    """A rule on which tokens may come next (a grammar), advanced by every token the request samples.
+
+    `mask` and `advance` raise `ConstraintFailed` when the rule cannot go on (e.g. its masks cost too much): only
+    that request ends.
+    """
 
     def mask(self, logits: torch.Tensor) -> None:
         """Sets the logits `[vocab]` of the tokens that may not come next to -inf, in place (idempotent)."""

@@ -347,6 +347,8 @@ def check_output(output: RequestOutput) -> None:
         raise ServiceUnavailableError(output.error or "the server is shutting down")
     if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.STALLED:
         raise RequestTimeoutError(output.error or "the client stopped reading the response")
+    if output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.CONSTRAINT:
+        raise BadRequestError(output.error or "the answer's grammar failed", code="grammar_failed")
     if output.finish_reason is FinishReason.ERROR:
         raise InternalServerError(f"generation failed: {output.error}")
     if output.finish_reason is FinishReason.ABORT:

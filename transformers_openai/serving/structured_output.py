@@ -1,8 +1,10 @@
-"""Structured outputs: `response_format` JSON schemas enforced token by token with llguidance.
+"""Structured outputs: `response_format` JSON schemas and Lark grammars enforced token by token with llguidance.
 
-Each request gets its own matcher, a `TokenConstraint` for the engine: before every draw it masks the tokens the
-grammar does not allow next, and every sampled token advances it. Grammars are compiled and checked off the event
-loop and off the engine thread, once per distinct schema (cached); a schema llguidance cannot take is a 400.
+Each request gets its own matcher, a `GrammarConstraint` for the engine (serving/grammar_constraint.py). A grammar is
+compiled once per distinct schema, off the event loop and off the engine thread, and kept within a byte budget
+(serving/grammar_cache.py); each request deep-copies the compiled matcher (microseconds: the copy shares the compiled
+grammar and lexer) instead of compiling it again. A schema that is too large, that llguidance cannot take, or that
+passes llguidance's limits while it is compiled is a 400.
 """
 
 from __future__ import annotations
@@ -11,62 +13,77 @@ import copy
 import json
 import logging
 import threading
-from collections import OrderedDict
+import time
 from collections.abc import Callable
 from typing import Any
 
 import llguidance.hf
 import llguidance.torch
-import numpy as np
 import torch
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLParserLimits
 
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.grammar_cache import CompiledGrammar, GrammarCache, estimate_bytes
+from transformers_openai.serving.grammar_constraint import GrammarConstraint, MaskBudget, MaskWorkers, disallowed_tokens
 
 logger = logging.getLogger(__name__)
 
-# Distinct schemas whose compiled grammar is kept.
-GRAMMAR_CACHE_SIZE = 256
+# llguidance's limits on one grammar. Its regex ASTs may take 200k units of fuel (about 4 ms; the default 1M let
+# `^x{50000}$` through, at 15-45 ms a mask): SmolLM2's walks over 64 KiB object schemas, 5,000-string enums and 1,200
+# patterns stay within it. Lexer states take 1-2 KiB each and are kept with the cached grammar: 20,000 at most.
+# Errors without the parser's state (it quotes the answer so far and the grammar).
+LIMITS = LLParserLimits(initial_lexer_fuel=200_000, max_lexer_states=20_000, verbose_errors=False)
+# Tokens the compile follows while the grammar forces them one by one (a schema whose root is a string, say), so
+# that a lexeme past the limits is found there and refused with a 400 instead of failing a request mid-answer.
+PROBE_TOKENS = 4
+# Schema keywords that only annotate: a schema differing only in them accepts the same answers, so they are dropped
+# before the schema is compiled and keyed (variants share one cache entry).
+ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
+# Keywords whose value maps names to subschemas (the names are data: a property may be called "title").
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
-class GrammarConstraint:
-    """One request's grammar state: masks the logits of the tokens it does not allow next, advances per token."""
-
-    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
-        self._matcher = matcher
-        self._vocab = vocab_size
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
-
-    def mask(self, logits: torch.Tensor) -> None:
-        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        # Token i is allowed when bit i % 32 of little-endian word i // 32 is set: the words' bytes unpacked
-        # little-endian first are the tokens in order. Not llguidance's own helper: a torch.compile kernel,
-        # compiled on first use (seconds) and again whenever its guards change (another thread, inference mode),
-        # each time on the engine thread.
-        words = self._bitmask[0].numpy().view(np.uint8)
-        allowed = torch.from_numpy(np.unpackbits(words, bitorder="little")[: self._vocab])
-        logits[: self._vocab].masked_fill_(allowed.to(device=logits.device) == 0, float("-inf"))
-        logits[self._vocab :] = float("-inf")  # the model's padding beyond the tokenizer's vocabulary
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    def advance(self, token_id: int) -> None:
-        if not self._matcher.consume_token(token_id):
-            raise ValueError(f"the grammar did not allow token {token_id}: {self._matcher.get_error()}")
-
-    def is_done(self) -> bool:
-        return bool(self._matcher.is_stopped())
+def without_annotations(schema: Any) -> Any:
+    """`schema` without its annotation keywords (`ANNOTATIONS`), at every level, property names kept."""
+    if isinstance(schema, list):
+        return [without_annotations(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ANNOTATIONS:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            kept[key] = {name: without_annotations(sub) for name, sub in value.items()}
+        elif key in ("enum", "const", "default", "required", "x-guidance"):
+            kept[key] = value  # data, not schemas
+        else:
+            kept[key] = without_annotations(value)
+    return kept
 
 
 class StructuredOutputs:
-    """Builds the per-request constraints of one served model; call `constraints` from a worker thread."""
+    """Builds the per-request constraints of one served model; call `constraints` from a worker thread.
 
-    def __init__(self, tokenizer: Any) -> None:
+    Args:
+        max_schema_bytes: the largest schema (compact JSON) or Lark grammar accepted; larger ones get 400.
+        cache_bytes: what the compiled grammars kept between requests may take (`GrammarCache`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_schema_bytes: int = 64 * 1024,
+        cache_bytes: int = 256 * 1024 * 1024,
+        workers: MaskWorkers | None = None,
+        budget: MaskBudget | None = None,
+    ) -> None:
         self._hf_tokenizer = copy.deepcopy(tokenizer)  # read only here, never beside the encoding threads' copy
         self._tokenizer: Any = None  # llguidance's view of it, made by `warm_up` or the first structured request
-        self._grammars: OrderedDict[str, str] = OrderedDict()
+        self.max_schema_bytes = max_schema_bytes
+        self.cache = GrammarCache(cache_bytes)
+        self._workers = workers or MaskWorkers()
+        self._budget = budget or MaskBudget()
         self._lock = threading.Lock()
 
     def warm_up(self) -> None:
@@ -82,23 +99,43 @@ class StructuredOutputs:
 
     def constraints(self, schema: dict[str, Any], count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers following `schema`; a 400 naming `param` if it cannot be used."""
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+        self._check_size(size, "JSON schema", "its compact JSON", param)
+        stripped = without_annotations(schema)
         # Compact JSON (no free whitespace): a small model cannot wander off in blank lines; a schema may still
         # ask for flexible whitespace with its own "x-guidance".
         return self._constraints(
-            json.dumps(schema, sort_keys=True),
-            lambda: LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}),
+            "json:" + json.dumps(stripped, sort_keys=True, separators=(",", ":")),
+            lambda: LLMatcher.grammar_from_json_schema(stripped, defaults={"whitespace_flexible": False}),
             count,
             param,
+            "the JSON schema",
         )
 
     def lark_constraints(self, lark: str, count: int, param: str) -> list[GrammarConstraint]:
         """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect, e.g. forced tool calls)."""
-        return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param)
+        self._check_size(len(lark.encode()), "grammar", "its schemas", param)
+        return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param, "the grammar")
 
-    def _constraints(self, key: str, build: Callable[[], str], count: int, param: str) -> list[GrammarConstraint]:
+    def _check_size(self, size: int, what: str, measure: str, param: str) -> None:
+        if size > self.max_schema_bytes:
+            message = (
+                f"the {what} is {size:,} bytes ({measure}); at most {self.max_schema_bytes:,} are accepted "
+                "(--max-schema-bytes)"
+            )
+            raise BadRequestError(message, param=param, code="schema_too_large")
+
+    def _constraints(
+        self, key: str, build: Callable[[], str], count: int, param: str, what: str
+    ) -> list[GrammarConstraint]:
         tokenizer = self._llg_tokenizer(param)
-        grammar = self._grammar(key, build, tokenizer, param)
-        return [GrammarConstraint(LLMatcher(tokenizer, grammar), tokenizer.vocab_size) for _ in range(count)]
+        entry = self.cache.get(key) or self._compile(key, build, tokenizer, param, what)
+        return [
+            GrammarConstraint(
+                entry.matcher.deep_copy(), tokenizer.vocab_size, entry.first_disallowed, self._workers, self._budget
+            )
+            for _ in range(count)
+        ]
 
     def _llg_tokenizer(self, param: str) -> Any:
         with self._lock:
@@ -110,21 +147,40 @@ class StructuredOutputs:
                     raise BadRequestError(message, param=param) from exc
             return self._tokenizer
 
-    def _grammar(self, key: str, build: Callable[[], str], tokenizer: Any, param: str) -> str:
-        with self._lock:
-            cached = self._grammars.get(key)
-            if cached is not None:
-                self._grammars.move_to_end(key)
-                return cached
+    def _compile(self, key: str, build: Callable[[], str], tokenizer: Any, param: str, what: str) -> CompiledGrammar:
+        """Compiles a grammar (llguidance drops the GIL meanwhile), computes its first mask and probes its forced
+        tokens; keeps it in the cache."""
         try:
             grammar = build()
-            error = LLMatcher.validate_grammar(grammar, tokenizer)
+            matcher = LLMatcher(tokenizer, grammar, limits=LIMITS)
         except Exception as exc:  # llguidance refuses what it cannot read
-            error = str(exc) or type(exc).__name__
+            raise BadRequestError(f"{what} cannot be used: {str(exc) or type(exc).__name__}", param=param) from exc
+        bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
+        start = time.thread_time()
+        if not matcher.is_error():
+            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        first_mask_s = time.thread_time() - start
+        error = matcher.get_error() or _probe(matcher, bitmask, tokenizer.vocab_size)
         if error:
-            raise BadRequestError(f"the JSON schema cannot be used: {error}", param=param)
-        with self._lock:
-            self._grammars[key] = grammar
-            while len(self._grammars) > GRAMMAR_CACHE_SIZE:
-                self._grammars.popitem(last=False)
-        return grammar
+            raise BadRequestError(f"{what} cannot be used: {error}", param=param)
+        entry = CompiledGrammar(
+            matcher, disallowed_tokens(bitmask, tokenizer.vocab_size), first_mask_s, estimate_bytes(grammar)
+        )
+        self.cache.put(key, entry)
+        return entry
+
+
+def _probe(matcher: Any, first: torch.Tensor, vocab: int) -> str:
+    """The error llguidance meets while the grammar forces its first tokens one at a time (at most `PROBE_TOKENS`),
+    on a copy of `matcher` whose first mask is `first`; empty if none."""
+    probe = None
+    bitmask = first.clone()
+    for _ in range(PROBE_TOKENS):
+        allowed = (~disallowed_tokens(bitmask, vocab)).nonzero().flatten().tolist()
+        if len(allowed) != 1:
+            break
+        probe = probe or matcher.deep_copy()
+        if not probe.consume_token(allowed[0]) or probe.is_stopped():
+            break
+        llguidance.torch.fill_next_token_bitmask(probe, bitmask, 0)
+    return str(probe.get_error()) if probe is not None else ""
