@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+from collections import deque
+from weakref import WeakValueDictionary
+
+from transformers_openai.engine.stop_automaton import StopAutomaton
+
+# The n choices of a request, and requests with the same stop strings, share one automaton while any of them runs.
+_automata: WeakValueDictionary[tuple[str, ...], StopAutomaton] = WeakValueDictionary()
+
+
+def _automaton(stops: tuple[str, ...]) -> StopAutomaton:
+    automaton = _automata.get(stops)
+    if automaton is None:
+        automaton = _automata[stops] = StopAutomaton(stops)
+    return automaton
+
 
 class StopMatcher:
     """Feeds text deltas through; cuts the output at the first stop string.
@@ -10,48 +25,76 @@ class StopMatcher:
     string split across several tokens is still found and never shown to the client. The result
     does not depend on how the text was split: a complete stop string waits while a longer one that
     starts earlier may still complete (stops "b" and "ab": "a" + "b" cuts before "a", as "ab" does).
+
+    Each character is read once, through an automaton built here (once per request), so a token costs
+    O(its length) whatever the number and length of the stop strings and of the held-back tail.
     """
 
     def __init__(self, stops: tuple[str, ...] | list[str]):
-        self._stops = [s for s in stops if s]
-        self._held = ""
+        kept = tuple(s for s in stops if s)
+        self._automaton = _automaton(kept) if kept else None
+        self._state = 0  # the automaton's: its depth is the length of the held-back tail
+        # Positions count characters since the start of the text: what was read, emitted, and where the earliest
+        # complete stop string read so far starts (-1 while none has).
+        self._read = 0
+        self._emitted = 0
+        self._cut = -1
+        self._held: deque[str] = deque()  # the text read and not emitted, the first piece from `_offset` on
+        self._offset = 0
         self.stopped = False
 
     def push(self, delta: str) -> str:
         """Returns the text that is safe to emit; sets `stopped` when a stop string appeared."""
         if self.stopped:
             return ""
-        if not self._stops:
+        automaton = self._automaton
+        if automaton is None:
             return delta
-        text = self._held + delta
-        cut = self._first_match(text)
-        pending = len(text) - self._partial_tail(text)  # where a stop string may be starting
-        if cut >= 0 and pending >= cut:
-            self.stopped = True
-            self._held = ""
-            return text[:cut]
-        self._held = text[pending:]
-        return text[:pending]
+        state, cut, read = self._state, self._cut, self._read
+        depth, match = automaton.depth, automaton.match
+        for char in delta:
+            state = automaton.step(state, char)
+            read += 1
+            if match[state] and (cut < 0 or read - match[state] < cut):
+                cut = read - match[state]
+            # No stop string can start before the held-back tail: nothing can complete before `cut` any more.
+            if 0 <= cut <= read - depth[state]:
+                return self._stop(delta, cut)
+        self._state, self._cut, self._read = state, cut, read
+        self._held.append(delta)
+        return self._take(read - depth[state] - self._emitted)
 
     def flush(self) -> str:
         """Releases the held-back text when the sequence ends for another reason (cut at a stop in it)."""
-        held, self._held = self._held, ""
         if self.stopped:
             return ""
-        cut = self._first_match(held)
-        if cut >= 0:
-            self.stopped = True
-            return held[:cut]
-        return held
+        if self._cut >= 0:
+            return self._stop("", self._cut)
+        out = self._take(self._read - self._emitted)
+        self._state = 0
+        return out
 
-    def _first_match(self, text: str) -> int:
-        return min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+    def _stop(self, delta: str, cut: int) -> str:
+        self.stopped = True
+        self._held.append(delta)
+        out = self._take(cut - self._emitted)
+        self._held.clear()
+        return out
 
-    def _partial_tail(self, text: str) -> int:
-        longest = 0
-        for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+    def _take(self, count: int) -> str:
+        """The next `count` held characters, now emitted."""
+        self._emitted += count
+        parts: list[str] = []
+        held = self._held
+        while count > 0:
+            piece, start = held[0], self._offset
+            end = start + count
+            if end < len(piece):
+                parts.append(piece[start:end])
+                self._offset = end
+                break
+            parts.append(piece[start:] if start else piece)
+            count -= len(piece) - start
+            held.popleft()
+            self._offset = 0
+        return "".join(parts)
