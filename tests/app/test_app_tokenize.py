@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -24,7 +24,10 @@ from tests.app.support import (
     make_context,
     running,
 )
+from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.tokenizer import TokenizerService
+
+T = TypeVar("T")
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"
 
@@ -137,3 +140,58 @@ async def test_bad_bodies_get_openai_errors(
     client: httpx.AsyncClient, path: str, body: dict[str, Any], status: int, param: str | None
 ) -> None:
     assert_error(await client.post(path, json=body), status, param)
+
+
+class SpyTokenizer(TokenizerService):
+    """Counts every task handed to the tokenizer's pool (encoding, rendering, decoding)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.calls = 0
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        self.calls += 1
+        return await super()._in_pool(fn, *args)
+
+
+TOKEN_CHARS = 4
+LIMITS = PromptLimits(
+    max_messages=8, max_content_parts=8, max_prompt_tokens=MAX_MODEL_LEN, max_token_chars=TOKEN_CHARS, max_sequences=8
+)
+
+
+@pytest.fixture
+def spy(hf_tokenizer: Any) -> SpyTokenizer:
+    return SpyTokenizer(hf_tokenizer)
+
+
+@pytest.fixture
+async def limited(fake: FakeEngine, hf_tokenizer: Any, spy: SpyTokenizer) -> AsyncIterator[httpx.AsyncClient]:
+    context = replace(make_context(fake, hf_tokenizer), tokenizer=spy, prompt_limits=LIMITS)
+    async with running(make_app(fake, hf_tokenizer, loader=lambda: context)) as ready:
+        yield ready
+
+
+async def test_a_prompt_over_the_character_limit_is_refused_without_tokenizing(
+    limited: httpx.AsyncClient, spy: SpyTokenizer
+) -> None:
+    most = MAX_MODEL_LEN * TOKEN_CHARS  # as /v1/completions bounds a prompt
+    over = await limited.post("/tokenize", json={"prompt": "a" * (most + 1)})
+    error = assert_error(over, 400, "prompt", "context_length_exceeded")
+    completion = await limited.post(COMPLETIONS, json=completion_body(prompt="a" * (most + 1)))
+    assert error["message"] == assert_error(completion, 400, "prompt")["message"]
+    chat = {"messages": [{"role": "user", "content": "b" * (most // 2)}, {"role": "user", "content": "c" * most}]}
+    assert_error(await limited.post("/tokenize", json=chat), 400, "messages", "context_length_exceeded")
+    too_many = {"messages": [{"role": "user", "content": "hi"}] * 9}
+    assert_error(await limited.post("/tokenize", json=too_many), 400, "messages", "too_many_messages")
+    assert spy.calls == 0
+    at_limit = await limited.post("/tokenize", json={"prompt": "a" * most})
+    assert at_limit.status_code == 200 and spy.calls == 1
+
+
+async def test_detokenize_takes_at_most_a_context_of_tokens(limited: httpx.AsyncClient, spy: SpyTokenizer) -> None:
+    over = await limited.post("/detokenize", json={"tokens": [5] * (MAX_MODEL_LEN + 1)})
+    error = assert_error(over, 400, "tokens", "context_length_exceeded")
+    assert str(MAX_MODEL_LEN) in error["message"]
+    assert spy.calls == 0
+    assert (await limited.post("/detokenize", json={"tokens": [5] * MAX_MODEL_LEN})).status_code == 200

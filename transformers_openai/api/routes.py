@@ -58,6 +58,18 @@ async def _completion_limits(request: Request) -> None:
         limits.check_completion(await json_body(request))
 
 
+async def _tokenize_limits(request: Request) -> None:
+    limits = _state(request).context().prompt_limits
+    if limits is not None:
+        limits.check_tokenize(await json_body(request))
+
+
+async def _detokenize_limits(request: Request) -> None:
+    context = _state(request).context()
+    if context.prompt_limits is not None:
+        context.prompt_limits.check_detokenize(await json_body(request), context.max_model_len)
+
+
 async def json_body(request: Request) -> Any:
     try:
         return await request.json()  # FastAPI parsed it already: the parse is cached
@@ -151,13 +163,13 @@ def build_router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _generate(_state(request).handlers().completions, body, request)
 
-    @router.post("/tokenize", responses=_ERRORS, dependencies=[Depends(_chat_limits)])
+    @router.post("/tokenize", responses=_ERRORS, dependencies=[Depends(_tokenize_limits)])
     async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         handler = _state(request).handlers().tokenize
         request.app.state.metrics.on_request(handler.endpoint)
         return await handler.tokenize(body)
 
-    @router.post("/detokenize", responses=_ERRORS)
+    @router.post("/detokenize", responses=_ERRORS, dependencies=[Depends(_detokenize_limits)])
     async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
         handler = _state(request).handlers().tokenize
         request.app.state.metrics.on_request("detokenize")

@@ -49,6 +49,26 @@ class PromptLimits:
         else:
             self._check_messages(items, "input", ("content", "output", "arguments"))
 
+    def check_tokenize(self, body: Any) -> None:
+        """Refuses a /tokenize body over a limit: messages as chat counts them, a prompt as completions does."""
+        if not isinstance(body, dict):
+            return
+        if "messages" in body:
+            self.check_chat(body)
+        elif isinstance(body.get("prompt"), str):
+            self._check_chars(len(body["prompt"]), "prompt")
+
+    def check_detokenize(self, body: Any, max_model_len: int) -> None:
+        """Refuses a /detokenize body of more tokens than a prompt and its completion could ever have."""
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        most = max(self.max_prompt_tokens, max_model_len)
+        if isinstance(tokens, list) and len(tokens) > most:
+            raise BadRequestError(
+                f"'tokens' has {len(tokens)} tokens; this server detokenizes at most {most}, the model's context",
+                param="tokens",
+                code="context_length_exceeded",
+            )
+
     def _check_messages(self, messages: Any, param: str, text_keys: tuple[str, ...]) -> None:
         if not isinstance(messages, list):
             return
