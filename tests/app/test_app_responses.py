@@ -39,7 +39,7 @@ def body(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "input": "What is the weather in Paris?", **fields}
 
 
-async def serve(fake: FakeEngine, hf_tokenizer: Any, **context: Any) -> Any:
+async def serve(fake: FakeEngine, hf_tokenizer: Any, settings: dict[str, Any] | None = None, **context: Any) -> Any:
     tokenizer = copy.deepcopy(hf_tokenizer)  # the session's tokenizer keeps its own template
     ready = replace(
         make_context(fake, tokenizer),
@@ -48,7 +48,7 @@ async def serve(fake: FakeEngine, hf_tokenizer: Any, **context: Any) -> Any:
         max_model_len=2048,
         **context,
     )
-    return running(make_app(fake, tokenizer, loader=lambda: ready))
+    return running(make_app(fake, tokenizer, loader=lambda: ready, **(settings or {})))
 
 
 @pytest.fixture
@@ -233,6 +233,74 @@ async def test_no_store_when_the_store_is_off(fake: FakeEngine, hf_tokenizer: An
         answer = (await client.post(RESPONSES, json=body())).json()
         assert answer["store"] is False
         assert_error(await client.get(f"{RESPONSES}/{answer['id']}"), 404)
+
+
+KEY_A, KEY_B = {"authorization": "Bearer key-a"}, {"authorization": "Bearer key-b"}
+
+
+async def test_a_stored_response_is_seen_only_by_the_key_that_made_it(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    async with await serve(fake, hf_tokenizer, settings={"api_keys": ["key-a", "key-b"]}) as client:
+        made = await client.post(RESPONSES, json=body(), headers=KEY_A)
+        assert made.status_code == 200, made.text
+        first = made.json()["id"]
+        streamed = events_of(await client.post(RESPONSES, json=body(stream=True), headers=KEY_A))
+        second = streamed[-1].response.id
+        for response_id in (first, second):
+            url = f"{RESPONSES}/{response_id}"
+            # Key B: as if the response did not exist (the message a made-up id gets), for read and delete alike.
+            missing = assert_error(await client.get(url, headers=KEY_B), 404, param="response_id")
+            assert missing["message"] == f"Response with id '{response_id}' not found."
+            assert_error(await client.delete(url, headers=KEY_B), 404, param="response_id")
+            assert_error(await client.get(url), 401)
+            assert (await client.get(url, headers=KEY_A)).json()["id"] == response_id  # B's delete deleted nothing
+        fake.script = Script(pieces=["Again."])
+        refused = await client.post(RESPONSES, json=body(previous_response_id=first), headers=KEY_B)
+        error = assert_error(refused, 400, param="previous_response_id", code="previous_response_not_found")
+        assert error["message"] == f"Previous response with id '{first}' not found."
+        continued = await client.post(RESPONSES, json=body(previous_response_id=first), headers=KEY_A)
+        assert continued.status_code == 200, continued.text
+        assert "Hello, world" in prompt_text(fake, hf_tokenizer)  # A's stored answer, carried over
+        # What B stores is B's alone, in turn.
+        theirs = (await client.post(RESPONSES, json=body(), headers=KEY_B)).json()["id"]
+        assert_error(await client.get(f"{RESPONSES}/{theirs}", headers=KEY_A), 404)
+        assert (await client.delete(f"{RESPONSES}/{first}", headers=KEY_A)).json()["deleted"] is True
+        assert_error(await client.get(f"{RESPONSES}/{first}", headers=KEY_A), 404)
+        assert (await client.get(f"{RESPONSES}/{theirs}", headers=KEY_B)).json()["id"] == theirs
+
+
+async def test_the_store_keeps_to_its_bytes(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    """Room for two responses of 1,800 ASCII characters holds one of 1,800 Cyrillic ones (2 bytes each in UTF-8),
+    not two. A stored response is its input plus about 1 KB (its JSON, the answer): the budget, 7,600 bytes, holds
+    two ASCII ones while that overhead is under 2,000 bytes, and not two Cyrillic ones while it is over 200."""
+    async with await serve(fake, hf_tokenizer, max_stored_response_bytes=7600) as client:
+        ascii_ids = [(await client.post(RESPONSES, json=body(input="x" * 1800))).json()["id"] for _ in range(2)]
+        for response_id in ascii_ids:
+            assert (await client.get(f"{RESPONSES}/{response_id}")).status_code == 200
+        made = [await client.post(RESPONSES, json=body(input="я" * 1800)) for _ in range(2)]
+        assert [m.status_code for m in made] == [200, 200], made[-1].text
+        found = [
+            (await client.get(f"{RESPONSES}/{i}")).status_code for i in [*ascii_ids, *(m.json()["id"] for m in made)]
+        ]
+        assert found == [404, 404, 404, 200]
+
+
+METADATA_REFUSED: list[Any] = [
+    {f"k{i}": "v" for i in range(17)},
+    {"k" * 65: "v"},
+    {"k": "v" * 513},
+    {"k": 1},
+    {"k": None},
+    ["k", "v"],
+]
+
+
+async def test_metadata_is_bounded_as_openai_bounds_it(client: httpx.AsyncClient) -> None:
+    for metadata in METADATA_REFUSED:
+        assert_error(await client.post(RESPONSES, json=body(metadata=metadata)), 400, param="metadata")
+    largest = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    response = await client.post(RESPONSES, json=body(metadata=largest))
+    assert response.status_code == 200, response.text
+    assert response.json()["metadata"] == largest
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [

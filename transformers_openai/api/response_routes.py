@@ -10,6 +10,7 @@ from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import SSE_EVENT, json_body, respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
+from transformers_openai.serving.response_store import owner_of_key
 from transformers_openai.serving.responses import ResponsesHandler
 
 _ERRORS = error_responses(400, 401, 404, 408, 413, 429, 503)
@@ -29,6 +30,15 @@ def _handler(request: Request) -> ResponsesHandler:
     return state.handlers().responses
 
 
+def _owner(request: Request) -> str | None:
+    """Whose stored responses this request may see: the digest of its API key (which ApiKeyAuth has checked), or
+    None on a server that takes no keys."""
+    if not request.app.state.settings.api_keys:
+        return None
+    token = request.headers.get("authorization", "").partition(" ")[2]
+    return owner_of_key(token.strip())
+
+
 async def _limits(request: Request) -> None:
     """Cheap limits on the raw body, before FastAPI validates it (as chat's)."""
     state: AppState = request.app.state.serving
@@ -44,15 +54,16 @@ def build_responses_router() -> APIRouter:
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         handler = _handler(request)
         request.app.state.metrics.on_request(handler.endpoint)
-        return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
+        owner = _owner(request)
+        return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id, owner))
 
     @router.get("/responses/{response_id}", responses=_ERRORS)
     async def get_response(response_id: str, request: Request) -> ResponseObject:
-        return _handler(request).get(response_id)
+        return _handler(request).get(response_id, _owner(request))
 
     @router.delete("/responses/{response_id}", responses=_ERRORS)
     async def delete_response(response_id: str, request: Request) -> DeletedResponse:
-        _handler(request).delete(response_id)
+        _handler(request).delete(response_id, _owner(request))
         return DeletedResponse(id=response_id)
 
     return router

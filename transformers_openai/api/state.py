@@ -97,7 +97,7 @@ class Handlers:
         text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
         speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
         tokenize = TokenizeHandler(context, text[0].tools if text is not None else None)
-        store = ResponseStore(context.max_stored_responses)
+        store = ResponseStore(context.max_stored_responses, context.max_stored_response_bytes)
         responses = ResponsesHandler(text[0], store) if text is not None else None
         embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
         return cls(context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder)

@@ -174,6 +174,32 @@ def _reject_unsupported(value: Any, info: ValidationInfo) -> Any:
 
 ToolChoice = Literal["none", "auto", "required"] | FunctionChoice
 
+# OpenAI's bounds on `metadata`: what the store keeps with each response stays small.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def _bounded_metadata(value: Any) -> Any:
+    """At most 16 pairs of strings, keys up to 64 characters and values up to 512 (checked before the pairs are
+    validated one by one, so that every failure names `metadata` itself)."""
+    if value is None:
+        return value
+    if not isinstance(value, dict):
+        raise ValueError("must be an object of string keys and string values")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs are allowed, got {len(value)}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise ValueError("keys and values must be strings")
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters, got one of {len(key)}")
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"values are at most {MAX_METADATA_VALUE_CHARS} characters; the value of '{key}' has {len(item)}"
+            )
+    return value
+
 
 class ResponsesRequest(Strict):
     model: Text
@@ -213,6 +239,7 @@ class ResponsesRequest(Strict):
     background_options: Any = None
 
     _unsupported = field_validator(*_NOT_SUPPORTED)(_reject_unsupported)
+    _metadata = field_validator("metadata", mode="before")(_bounded_metadata)
 
     @field_validator("input", mode="before")
     @classmethod

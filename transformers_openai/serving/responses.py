@@ -49,9 +49,15 @@ class ResponsesHandler:
         self.store = store
 
     async def create(
-        self, request: ResponsesRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
+        self,
+        request: ResponsesRequest,
+        wait_disconnect: WaitDisconnect,
+        request_id: str | None = None,
+        owner: str | None = None,
     ) -> ResponseObject | ResponseStream:
-        history = self._history(request.previous_response_id)
+        """`owner`: the asking API key's `owner_of_key` (None on a server without keys); the response is stored as
+        theirs, and `previous_response_id` finds only their responses."""
+        history = self._history(request.previous_response_id, owner)
         new_messages = input_messages(request.input, history)
         chat_request = chat_request_of(request, [*instructions_messages(request), *history, *new_messages])
         skeleton = self._skeleton(request)
@@ -64,28 +70,26 @@ class ResponsesHandler:
         if not isinstance(result, AsyncIterator):
             assert isinstance(result, ChatCompletionResponse)
             response = finished_response(skeleton, result)
-            self._remember(request, response, conversation)
+            self._remember(request, response, conversation, owner)
             return response
         chunks: AsyncIterator[Any] = result  # chat's chunks
-        return ResponseStream(skeleton, chunks, lambda done: self._remember(request, done, conversation))
+        return ResponseStream(skeleton, chunks, lambda done: self._remember(request, done, conversation, owner))
 
-    def get(self, response_id: str) -> ResponseObject:
-        return self._stored(response_id).response
-
-    def delete(self, response_id: str) -> None:
-        if not self.store.delete(response_id):
-            raise _not_found(response_id)
-
-    def _stored(self, response_id: str) -> StoredResponse:
-        entry = self.store.get(response_id)
+    def get(self, response_id: str, owner: str | None = None) -> ResponseObject:
+        """A response `owner` stored; another key's is not found, as one that never existed."""
+        entry = self.store.get(response_id, owner)
         if entry is None:
             raise _not_found(response_id)
-        return entry
+        return entry.response
 
-    def _history(self, previous_response_id: str | None) -> tuple[ChatMessage, ...]:
+    def delete(self, response_id: str, owner: str | None = None) -> None:
+        if not self.store.delete(response_id, owner):
+            raise _not_found(response_id)
+
+    def _history(self, previous_response_id: str | None, owner: str | None) -> tuple[ChatMessage, ...]:
         if previous_response_id is None:
             return ()
-        entry = self.store.get(previous_response_id)
+        entry = self.store.get(previous_response_id, owner)
         if entry is None:
             raise BadRequestError(
                 f"Previous response with id '{previous_response_id}' not found.",
@@ -117,10 +121,14 @@ class ResponsesHandler:
         )
 
     def _remember(
-        self, request: ResponsesRequest, response: ResponseObject, conversation: Sequence[ChatMessage]
+        self,
+        request: ResponsesRequest,
+        response: ResponseObject,
+        conversation: Sequence[ChatMessage],
+        owner: str | None,
     ) -> None:
         if request.is_stored():
-            self.store.put(StoredResponse(response, (*conversation, *output_messages(response.output))))
+            self.store.put(StoredResponse(response, (*conversation, *output_messages(response.output)), owner))
 
 
 def _dumped(choice: Any) -> Any:
