@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import jsonschema
 import openai
@@ -15,9 +16,16 @@ from tests.e2e.server import ServerProcess
 from tests.schemas import SCHEMAS
 
 QUESTIONS = [
-    "Describe a person.", "Pick a color.", "Tag this article about gardening.", "Is water wet?",
-    "Score this student.", "Make a small order.", "How urgent is this?", "Give me some numbers.",
-    "What is the capital of France?", "Forecast the weather in Paris.",
+    "Describe a person.",
+    "Pick a color.",
+    "Tag this article about gardening.",
+    "Is water wet?",
+    "Score this student.",
+    "Make a small order.",
+    "How urgent is this?",
+    "Give me some numbers.",
+    "What is the capital of France?",
+    "Forecast the weather in Paris.",
 ]
 FREE = ["Tell me a joke.", "Write a haiku about autumn leaves.", "What is a hash table?"]
 
@@ -41,7 +49,11 @@ def test_fifty_schema_bound_answers_validate_and_free_answers_are_unchanged(smol
         schema = SCHEMAS[i % len(SCHEMAS)]
         messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + " Answer in JSON."}]
         response = await client.chat.completions.create(
-            model="test-model", messages=messages, max_tokens=400, temperature=0.8, seed=i,
+            model="test-model",
+            messages=messages,
+            max_tokens=400,
+            temperature=0.8,
+            seed=i,
             response_format=json_format(schema),  # type: ignore[arg-type]
         )
         choice = response.choices[0]
@@ -83,7 +95,11 @@ def test_parse_with_a_pydantic_model_and_a_streamed_answer(smollm2_server: Serve
     weather = parsed.choices[0].message.parsed
     assert isinstance(weather, Weather) and weather.city
     stream = client.chat.completions.create(
-        model="test-model", messages=messages, max_tokens=200, temperature=0, stream=True,
+        model="test-model",
+        messages=messages,
+        max_tokens=200,
+        temperature=0,
+        stream=True,
         response_format=json_format(Weather.model_json_schema(), "weather"),  # type: ignore[arg-type]
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
@@ -94,14 +110,118 @@ def test_a_schema_that_cannot_be_used_is_a_400(tiny_server: ServerProcess) -> No
     client = sync_client(tiny_server)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            model="test-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
             response_format=json_format({"type": "nonsense"}),  # type: ignore[arg-type]
         )
     error = caught.value.body
     assert isinstance(error, dict) and error["param"] == "response_format" and "nonsense" in error["message"]
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            model="test-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
             response_format={"type": "json_schema"},  # type: ignore[typeddict-item]
         )
     assert "json_schema" in str(caught.value)
+
+
+COSTLY = {"type": "string", "pattern": "^x{20000}$"}  # within llguidance's limits, 7-10 ms of CPU a mask
+
+
+def test_costly_grammars_end_alone_and_do_not_stall_a_plain_stream(tiny_server: ServerProcess) -> None:
+    """A plain stream beside 8 requests whose grammar costs 7-10 ms a mask takes at most 1.5x its time alone: those
+    rows end with an in-stream 400 (grammar_failed) once their masks pass the budget, the plain stream goes on."""
+    client = async_client(tiny_server)
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+
+    async def plain() -> float:
+        start = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=300,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        finish = [chunk.choices[0].finish_reason async for chunk in stream if chunk.choices]
+        assert finish[-1] == "length"
+        return time.perf_counter() - start
+
+    async def costly() -> object:
+        stream = await client.chat.completions.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            response_format=json_format(COSTLY),  # type: ignore[arg-type]
+        )
+        try:
+            async for _ in stream:
+                pass
+        except openai.APIError as exc:
+            return exc.body
+        return None
+
+    async def beside() -> tuple[float, list[object]]:
+        timed = asyncio.create_task(plain())
+        await asyncio.sleep(0.05)  # the plain stream runs first, the costly rows join its batch
+        errors = await asyncio.gather(*(costly() for _ in range(8)))
+        return await timed, list(errors)
+
+    async def everything() -> tuple[float, float, list[object]]:
+        await plain()  # warm
+        before = await plain()
+        with_costly, errors = await beside()
+        after = await plain()  # alone again: the mean of both, as a shared machine's load drifts
+        return (before + after) / 2, with_costly, errors
+
+    alone, with_costly, errors = asyncio.run(everything())
+    print(f"a plain stream of 300 tokens: {alone:.2f} s alone, {with_costly:.2f} s beside 8 costly grammars")
+    for error in errors:
+        assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
+        assert error["code"] == "grammar_failed" and "too costly" in error["message"]
+    assert with_costly <= 1.5 * alone, (alone, with_costly)
+
+
+def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> None:
+    client = sync_client(tiny_server)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:  # fails mid-answer, not streamed: a 400 all the same
+        client.chat.completions.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=400,
+            response_format=json_format(COSTLY),  # type: ignore[arg-type]
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "grammar_failed"
+    with pytest.raises(openai.BadRequestError) as caught:  # past llguidance's limits: refused before any token
+        client.chat.completions.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=5,
+            response_format=json_format({"type": "string", "pattern": "^x{50000}$"}),  # type: ignore[arg-type]
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == "response_format" and "lexer" in body["message"]
+    huge = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(3000)}}
+    with pytest.raises(openai.BadRequestError) as caught:  # over --max-schema-bytes (64 KiB)
+        client.chat.completions.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=5,
+            response_format=json_format(huge),  # type: ignore[arg-type]
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "schema_too_large" and "65,536" in body["message"]
+    answer = client.chat.completions.create(  # the server goes on
+        model="test-model",
+        messages=messages,
+        max_tokens=40,
+        response_format=json_format(SCHEMAS[0]),  # type: ignore[arg-type]
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMAS[0])

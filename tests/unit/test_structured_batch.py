@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.schemas import SCHEMAS
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.request import EngineRequest, FinishReason
+from transformers_openai.engine.errors import ConstraintFailed
+from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.runners.causal_lm import CausalLMRunner
@@ -57,3 +58,65 @@ def test_constrained_rows_validate_and_free_rows_match_their_solo_run(tiny_llama
         jsonschema.validate(json.loads(text), schema)
     for request in free:
         assert results[request.request_id] == solo[request.request_id]
+
+
+class GivesUp:
+    """A constraint that allows every token and gives up at its `after`-th token (a grammar failing mid-answer)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.seen = 0
+
+    def mask(self, logits: torch.Tensor) -> None:
+        pass
+
+    def advance(self, token_id: int) -> None:
+        self.seen += 1
+        if self.seen >= self.after:
+            raise ConstraintFailed(f"the grammar gave up at token {token_id}")
+
+    def is_done(self) -> bool:
+        return False
+
+
+def test_a_grammar_failing_mid_answer_ends_its_request_alone(tiny_llama_dir: Path) -> None:
+    """One grammar fails while advancing, one while masking (its masks cost too much): each request ends with a
+    constraint error (the client's fault: a 400 to serving), every other row goes on as it would alone."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    structured = StructuredOutputs(tokenizer)
+    eos = frozenset({tokenizer.eos_token_id})
+
+    def core() -> EngineCore:
+        return EngineCore(CausalLMRunner(model, 8, 1024), tokenizer, Scheduler(8, 32), eos)
+
+    prompt = tokenizer("Answer in JSON, please.").input_ids
+    free_params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    free = [EngineRequest(f"free{i}", prompt[: 3 + i], free_params) for i in range(2)]
+    solo = {r.request_id: run(core(), [r])[r.request_id] for r in free}
+    (costly,) = structured.constraints({"type": "string", "pattern": "^x{20000}$"}, 1, "response_format")
+    (valid,) = structured.constraints(SCHEMAS[0], 1, "response_format")
+    params = SamplingParams(max_tokens=300, temperature=0.0)
+    bound = [
+        EngineRequest("gives-up", prompt, params, constraint=GivesUp(after=5)),
+        EngineRequest("costly", prompt, params, constraint=costly),
+        EngineRequest("valid", prompt, params, constraint=valid),
+    ]
+    engine = core()
+    for request in [*bound, *free]:
+        engine.add(request)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in [*bound, *free]}
+    last: dict[str, RequestOutput] = {}
+    while engine.has_work():
+        for output in engine.step():
+            tokens[output.request_id] += output.token_ids
+            last[output.request_id] = output
+    for request_id, needle in (("gives-up", "gave up"), ("costly", "too costly")):
+        output = last[request_id]
+        assert output.finish_reason is FinishReason.ERROR and output.error_kind is ErrorKind.CONSTRAINT
+        assert output.error is not None and needle in output.error
+    assert len(tokens["gives-up"]) == 4  # the token it refused is not sent
+    assert last["valid"].finish_reason is FinishReason.STOP
+    jsonschema.validate(json.loads(tokenizer.decode([t for t in tokens["valid"] if t not in eos])), SCHEMAS[0])
+    for request in free:
+        assert (tokens[request.request_id], last[request.request_id].finish_reason) == solo[request.request_id]
