@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server, wait_for
 from tests.e2e.streaming import completion_text, read_chunks
+from tests.listening_sockets import ANY_ADDRESS, listening
 
 pytestmark = pytest.mark.e2e
 
@@ -111,6 +112,19 @@ def test_two_ranks_answer_as_one(one_rank: ServerProcess, two_ranks: ServerProce
     assert got == expected
     assert "rank 1 of 2: ready" in two_ranks.log()
     assert idle(two_ranks)["kv_blocks_used"] == 0
+
+
+def test_the_ranks_listen_on_loopback_only(two_ranks: ServerProcess) -> None:
+    """The group's store (served by rank 0) and gloo's connections are on 127.0.0.1: nothing of the server listens
+    on every interface (it serves HTTP on 127.0.0.1 unless --host says otherwise)."""
+    pids = [two_ranks.process.pid, *child_pids(two_ranks.process.pid)]
+    assert len(pids) == 2
+    sockets = {pid: listening(pid) for pid in pids}
+    assert ("127.0.0.1", two_ranks.port) in sockets[pids[0]]
+    assert len(sockets[pids[0]]) >= 2, sockets  # HTTP and the store at least
+    everywhere = {pid: [s for s in found if s[0] in ANY_ADDRESS] for pid, found in sockets.items()}
+    assert not any(everywhere.values()), everywhere
+    assert all(address == "127.0.0.1" for found in sockets.values() for address, _ in found), sockets
 
 
 def test_a_cancelled_request_frees_its_rows(one_rank: ServerProcess, two_ranks: ServerProcess) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,17 +16,11 @@ import time
 from collections.abc import Sequence
 
 from transformers_openai.logs import flush_logs
+from transformers_openai.parallel.rendezvous import prepare_rendezvous
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class RankProcesses:
@@ -40,8 +33,9 @@ class RankProcesses:
 
     @classmethod
     def start(cls, size: int, argv: Sequence[str]) -> RankProcesses:
-        """Sets this process up as rank 0 of `size` and starts the others with the same arguments."""
-        group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(size)}
+        """Sets this process up as rank 0 of `size` and starts the others with the same arguments; they meet at a
+        store on 127.0.0.1 that this process serves (see `rendezvous`)."""
+        group = prepare_rendezvous().env(size)
         if sys.platform == "linux" and "GLOO_SOCKET_IFNAME" not in os.environ:
             group["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks on this machine: gloo need not guess from the host name
         os.environ.update(group, RANK="0", LOCAL_RANK="0")

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from transformers_openai.parallel.rendezvous import take_rendezvous
+
 # A rank waits for rank 0's next call as long as the server is idle; a rank that dies is noticed by its peers'
 # broken connections and by the launcher, not by this timeout.
 IDLE_TIMEOUT = timedelta(days=365)
@@ -46,7 +48,8 @@ class Ranks:
 
 def join_ranks(size: int) -> Ranks:
     """Joins the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which our
-    launcher sets the same way; on a GPU machine each rank takes the GPU LOCAL_RANK names."""
+    launcher sets the same way; on a GPU machine each rank takes the GPU LOCAL_RANK names. Rank 0 of a server that
+    started its own ranks serves the group's store on loopback (`rendezvous`); the others connect to it."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != size:
         raise RuntimeError(
@@ -58,6 +61,10 @@ def join_ranks(size: int) -> Ranks:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             backend = "nccl"
-        dist.init_process_group(backend)
+        rendezvous = take_rendezvous()
+        if rendezvous is None:
+            dist.init_process_group(backend)  # env://: torchrun's store, or a client of our rank 0's
+        else:
+            dist.init_process_group(backend, store=rendezvous.store(size), rank=0, world_size=size)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return Ranks(rank=dist.get_rank(), size=size, control=control)
