@@ -6,12 +6,14 @@ import asyncio
 import json
 import time
 
+import httpx
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from tests.e2e.conftest import async_client, sync_client
+from tests.e2e.fuzz_schema import nasty_schemas
 from tests.e2e.server import ServerProcess
 from tests.schemas import SCHEMAS
 
@@ -225,3 +227,29 @@ def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> Non
         response_format=json_format(SCHEMAS[0]),  # type: ignore[arg-type]
     )
     jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMAS[0])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_nasty_schemas_get_answers_or_400s_never_5xx(tiny_server: ServerProcess, stream: bool) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    statuses = {}
+    for name, schema in nasty_schemas().items():
+        body = {
+            "model": "test-model",
+            "messages": messages,
+            "max_tokens": 30,
+            "stream": stream,
+            "response_format": json_format(schema),
+        }
+        response = httpx.post(f"{tiny_server.base_url}/chat/completions", json=body, timeout=60)
+        status = response.status_code
+        if status == 200 and stream and '"error"' in response.text:  # failed mid-answer: the error event's shape
+            events = [line[6:] for line in response.text.splitlines() if line.startswith("data: {")]
+            status = 400 if json.loads(events[-1])["error"]["type"] == "invalid_request_error" else 500
+        elif status == 400:
+            assert response.json()["error"]["type"] == "invalid_request_error"
+        statuses[name] = status
+    assert set(statuses.values()) <= {200, 400}, statuses
+    assert statuses["over the size cap"] == statuses["past the lexer's limits"] == statuses["costly to follow"] == 400
+    assert statuses["only annotated"] == statuses["empty"] == 200
+    assert tiny_server.process.poll() is None and tiny_server.engine_state()  # still up and answering

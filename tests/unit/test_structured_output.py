@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from tests.e2e.fuzz_schema import nasty_schemas
 from tests.grammar_walk import random_walk
 from tests.schemas import SCHEMAS
 from transformers_openai.serving.errors import BadRequestError
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.structured_output import ANNOTATIONS, StructuredOutputs
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +295,103 @@ def test_masks_are_computed_ahead_on_the_workers(structured, tokenizer) -> None:
     finally:
         grammar_constraint.disallowed_tokens = real
     assert threads and all(name.startswith("grammar-mask") for name in threads)
+
+
+@pytest.mark.parametrize("name", list(nasty_schemas()))
+def test_nasty_schemas_get_a_400_or_a_grammar_that_can_fail_only_as_the_requests_fault(
+    structured, tokenizer, name: str
+) -> None:
+    from transformers_openai.engine.errors import ConstraintFailed
+
+    try:
+        (constraint,) = structured.constraints(nasty_schemas()[name], 1, "response_format")
+    except BadRequestError as exc:
+        assert exc.status_code == 400 and exc.param == "response_format"
+        return
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for _ in range(60):
+            logits = torch.randn(len(tokenizer), generator=generator)
+            constraint.mask(logits)
+            constraint.advance(int(logits.argmax()))
+            if constraint.is_done():
+                break
+    except ConstraintFailed:
+        pass
+
+
+def test_annotation_only_variants_share_an_entry_wherever_the_annotations_are(tokenizer) -> None:
+    """Annotations added at random places of each test schema (hypothesis): one entry per schema all the same."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    structured = StructuredOutputs(tokenizer)
+    annotation = st.sampled_from(sorted(ANNOTATIONS)).flatmap(lambda key: st.tuples(st.just(key), st.text(max_size=8)))
+
+    def annotate(schema: Any, draw: Any) -> Any:
+        if isinstance(schema, list):
+            return [annotate(item, draw) for item in schema]
+        if not isinstance(schema, dict):
+            return schema
+        out = {}
+        for key, value in schema.items():
+            if key in ("properties", "$defs"):
+                out[key] = {name: annotate(sub, draw) for name, sub in value.items()}
+            elif key in ("enum", "const", "required"):
+                out[key] = value
+            else:
+                out[key] = annotate(value, draw)
+        if draw(st.booleans()):
+            extra_key, text = draw(annotation)
+            out[extra_key] = [text] if extra_key == "examples" else text
+        return out
+
+    for schema in SCHEMAS:
+        structured.constraints(schema, 1, "response_format")
+    entries = structured.cache.keys()
+    assert len(entries) == len(SCHEMAS)
+
+    @given(data=st.data(), index=st.integers(0, len(SCHEMAS) - 1))
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def variants_hit_their_entry(data: st.DataObject, index: int) -> None:
+        structured.constraints(annotate(SCHEMAS[index], data.draw), 1, "response_format")
+        assert structured.cache.keys()[-1] == entries[index] and len(structured.cache.keys()) == len(SCHEMAS)
+
+    variants_hit_their_entry()
+
+
+def test_concurrent_requests_for_a_new_schema_compile_it_once(tokenizer, monkeypatch) -> None:
+    import threading
+
+    from llguidance import LLMatcher
+
+    structured = StructuredOutputs(tokenizer)
+    calls = []
+    real = LLMatcher.grammar_from_json_schema
+    started = threading.Barrier(4)
+
+    def counting(schema, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(schema)
+        return real(schema, **kwargs)
+
+    monkeypatch.setattr(LLMatcher, "grammar_from_json_schema", counting)
+    results: list[object] = []
+
+    def ask(schema: dict) -> None:
+        started.wait()
+        try:
+            results.append(len(structured.constraints(schema, 1, "response_format")))
+        except BadRequestError as exc:
+            results.append(exc.param)
+
+    for schema in (COSTLY, {"type": "string", "pattern": "^x{50000}$"}):
+        results.clear()
+        calls.clear()
+        threads = [threading.Thread(target=ask, args=(schema,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(set(map(str, results))) == 1 and len(results) == 4  # all the grammar, or all the same 400
+        # One compile: a thread coming after it finished finds the grammar cached, or compiles a refused one again.
+        assert len(calls) == 1 if schema is COSTLY else len(calls) <= 2

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance.hf
@@ -85,6 +86,7 @@ class StructuredOutputs:
         self._workers = workers or MaskWorkers()
         self._budget = budget or MaskBudget()
         self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}  # keys being compiled
 
     def warm_up(self) -> None:
         """Builds llguidance's view of the tokenizer, one grammar and its first token mask now (at start-up), so
@@ -129,7 +131,7 @@ class StructuredOutputs:
         self, key: str, build: Callable[[], str], count: int, param: str, what: str
     ) -> list[GrammarConstraint]:
         tokenizer = self._llg_tokenizer(param)
-        entry = self.cache.get(key) or self._compile(key, build, tokenizer, param, what)
+        entry = self.cache.get(key) or self._compile_once(key, build, tokenizer, param, what)
         return [
             GrammarConstraint(
                 entry.matcher.deep_copy(), tokenizer.vocab_size, entry.first_disallowed, self._workers, self._budget
@@ -146,6 +148,32 @@ class StructuredOutputs:
                     message = f"structured outputs are not available for this model's tokenizer: {exc}"
                     raise BadRequestError(message, param=param) from exc
             return self._tokenizer
+
+    def _compile_once(
+        self, key: str, build: Callable[[], str], tokenizer: Any, param: str, what: str
+    ) -> CompiledGrammar:
+        """One compile of a key at a time: requests that ask for it meanwhile wait for its grammar, or its 400."""
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if not leader:
+            flight.done.wait()
+            if flight.entry is None:  # its own 400, raised afresh in this thread
+                error = flight.error or BadRequestError(f"{what} cannot be used")
+                raise BadRequestError(error.message, param=param, code=error.code)
+            return flight.entry
+        try:
+            flight.entry = self._compile(key, build, tokenizer, param, what)
+            return flight.entry
+        except BadRequestError as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
 
     def _compile(self, key: str, build: Callable[[], str], tokenizer: Any, param: str, what: str) -> CompiledGrammar:
         """Compiles a grammar (llguidance drops the GIL meanwhile), computes its first mask and probes its forced
@@ -168,6 +196,15 @@ class StructuredOutputs:
         )
         self.cache.put(key, entry)
         return entry
+
+
+@dataclass
+class _Flight:
+    """A compile in progress, and what it gave."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    entry: CompiledGrammar | None = None
+    error: BadRequestError | None = None
 
 
 def _probe(matcher: Any, first: torch.Tensor, vocab: int) -> str:
