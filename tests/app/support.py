@@ -23,6 +23,8 @@ MAX_MODEL_LEN = 256
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ERROR_KEYS = {"message", "type", "param", "code"}
+# The app's Settings bind 127.0.0.1 by default, so the Host check accepts loopback names only.
+BASE_URL = "http://localhost"
 
 
 def make_context(engine: FakeEngine, hf_tokenizer: Any) -> ServingContext:
@@ -45,7 +47,7 @@ async def running(app: FastAPI, wait_ready: bool = True) -> AsyncIterator[httpx.
     """Runs the app's lifespan around an in-process client; by default waits until /health says ready."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=10) as client:
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=10) as client:
             if wait_ready:
                 await wait_until_async(lambda: _healthy(client))
             yield client
@@ -131,13 +133,13 @@ class RawExchange:
             "query_string": b"",
             "root_path": "",
             "headers": [
-                (b"host", b"test"),
+                (b"host", b"localhost"),
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(self.body)).encode()),
                 *([(b"x-request-id", request_id.encode())] if request_id else []),
             ],
             "client": ("127.0.0.1", 12345),
-            "server": ("test", 80),
+            "server": ("localhost", 80),
         }
         self.status: int | None = None
         self.chunks: list[bytes] = []

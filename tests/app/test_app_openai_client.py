@@ -11,7 +11,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.app.fake_engine import FakeEngine, Script
-from tests.app.support import MODEL, make_app, running
+from tests.app.support import BASE_URL, MODEL, make_app, running
 
 MESSAGES: list[Any] = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 
@@ -21,7 +21,7 @@ async def oai(fake: FakeEngine, hf_tokenizer: Any) -> AsyncIterator[AsyncOpenAI]
     app = make_app(fake, hf_tokenizer)
     async with running(app):
         http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-        async with AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
+        async with AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
             yield oai
 
 

@@ -129,8 +129,8 @@ async def test_a_tool_round_trip_reaches_the_model(
 ) -> None:
     """The assistant message as the openai client returned it, then the tool's result: the second turn works."""
     fake.script = Script(pieces=CALL_PIECES)
-    http_client = httpx.AsyncClient(transport=tool_client._transport, base_url="http://test")
-    async with AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
+    http_client = httpx.AsyncClient(transport=tool_client._transport, base_url="http://localhost")
+    async with AsyncOpenAI(base_url="http://localhost/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
         first = await oai.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER, TIME])  # type: ignore[arg-type,list-item]
         message = first.choices[0].message
         assert message.tool_calls

@@ -12,7 +12,15 @@ from transformers_openai.api.audio_routes import build_audio_router
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
-from transformers_openai.api.middleware import ApiKeyAuth, Cors, RequestIdMiddleware, ServerHeaders
+from transformers_openai.api.inflight import ByteBudget
+from transformers_openai.api.middleware import (
+    AllowedHosts,
+    ApiKeyAuth,
+    Cors,
+    RequestIdMiddleware,
+    ServerHeaders,
+    allowed_hosts,
+)
 from transformers_openai.api.openapi import install_openapi
 from transformers_openai.api.response_routes import build_responses_router
 from transformers_openai.api.routes import build_ops_router, build_router
@@ -49,6 +57,7 @@ def create_app(
     app.state.serving = state
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
     install_error_handlers(app)
     install_openapi(app)
     router = build_router()
@@ -61,10 +70,16 @@ def create_app(
         app.include_router(responses, prefix=prefix)
         app.include_router(embeddings, prefix=prefix)
     app.include_router(build_ops_router())
-    # Added innermost first: CORS answers preflights before auth; the request id wraps everything else.
+    # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;
+    # auth reads headers only, so a client without a key never holds any of the budget of body bytes in flight.
     # An upload's form may hold the largest audio file accepted plus its other fields.
     form_bytes = max(settings.max_request_bytes, settings.max_audio_bytes + _FORM_OVERHEAD_BYTES)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, max_form_bytes=form_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        budget=app.state.inflight_bytes,
+        max_form_bytes=form_bytes,
+    )
     if settings.api_keys:
         open_paths = frozenset() if settings.auth_health_and_metrics else OPS_PATHS
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys, open_paths=open_paths.__contains__)
@@ -79,4 +94,5 @@ def create_app(
             allow_credentials=settings.allow_credentials,
             expose_headers=["x-request-id"],
         )
+    app.add_middleware(AllowedHosts, hosts=allowed_hosts(settings.allowed_hosts, settings.host))
     return app

@@ -1,9 +1,10 @@
-"""ASGI middleware: X-Request-Id, API-key authentication, CORS answering in our error shape, and the headers that
-tell a load balancer which replica answered and how loaded it is."""
+"""ASGI middleware: the Host header check, X-Request-Id, API-key authentication, CORS answering in our error shape,
+and the headers that tell a load balancer which replica answered and how loaded it is."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,73 @@ from transformers_openai.serving.errors import AuthenticationError, BadRequestEr
 
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_LENGTH = 128
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+class AllowedHosts:
+    """Answers 400 to a request whose Host header names none of `hosts`: a page of another site whose name was
+    re-pointed at this address (DNS rebinding) still sends its own name. An entry matches the header's host part,
+    with or without a port; '*' matches any, '*.example.com' its subdomains, '127.0.0.1' every 127.x address.
+    A request without a Host header (HTTP/1.0 health checks) is not a browser's and passes."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app = app
+        self._hosts = frozenset(_host_part(host) for host in hosts)
+        self._any = "*" in self._hosts
+        self._suffixes = tuple(host[1:] for host in self._hosts if host.startswith("*."))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers", ())).get(b"host")
+        if header is None or self.accepts(_host_part(header.decode("latin-1"))):
+            await self.app(scope, receive, send)
+            return
+        error = BadRequestError("the Host header names a host this server does not answer for", code="invalid_host")
+        await error_response(error)(scope, receive, send)
+
+    def accepts(self, host: str) -> bool:
+        if host in self._hosts or host.endswith(self._suffixes):
+            return True
+        return "127.0.0.1" in self._hosts and _is_ipv4_loopback(host)
+
+
+def allowed_hosts(configured: list[str], bind_host: str) -> list[str]:
+    """`--allowed-hosts`, or by default the loopback names when the server binds a loopback address, else any."""
+    if configured:
+        return configured
+    return list(LOOPBACK_NAMES) if _is_loopback(bind_host) else ["*"]
+
+
+def _host_part(value: str) -> str:
+    """'Example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]', '::1' -> '[::1]' (a bare IPv6 address)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    if value.count(":") > 1:
+        return f"[{value}]"
+    name, colon, port = value.rpartition(":")
+    return name.rstrip(".") if colon and port.isdigit() else value.rstrip(".")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ipv4_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 4 and address.is_loopback
 
 
 class RequestIdMiddleware:
