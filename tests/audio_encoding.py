@@ -1,4 +1,4 @@
-"""Test audio in the containers clients send, encoded with PyAV's own codecs (no system ffmpeg)."""
+"""Test audio in the containers clients send, encoded with PyAV's own codecs (no system ffmpeg), and decode bombs."""
 
 from __future__ import annotations
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,7 @@ import pytest
 import srt
 import webvtt
 
+from tests.audio_encoding import low_rate_matroska, low_rate_wav, silent_flac
 from tests.e2e.conftest import async_client, sync_client
 from tests.e2e.server import ServerProcess
 from tests.e2e.speech_reference import generate_text, samples, silences, word_error_rate, words
@@ -177,6 +180,8 @@ BAD_FIELDS = [
     ({"model": "whisper-large"}, b"x", 404, "model"),
     ({"model": MODEL}, b"", 400, "file"),
     ({"model": MODEL}, b"not audio at all" * 100, 400, "file"),
+    ({"model": MODEL}, low_rate_wav(), 400, "file"),  # 40 KB at 1 Hz: 1.3 GB once resampled
+    ({"model": MODEL}, low_rate_matroska(), 400, "file"),  # 1 MB at 2 Hz: 16 GB once resampled
     ({"model": MODEL}, b"\0" * 3_100_000, 413, None),
 ]
 
@@ -265,3 +270,83 @@ def test_a_full_server_answers_429_and_a_running_long_form_is_never_refused(
                    for a in refused)
     finally:
         server.stop()
+
+
+def test_two_clips_under_one_request_id_each_get_their_own_transcript(
+    whisper_server: ServerProcess, audio_dir: Path
+) -> None:
+    """A client's X-Request-Id names nothing the server keeps: clip B sent with the id clip A was sent with gets
+    B's transcript, one after the other or both at once."""
+    names = ["flite-s1.wav", "flite-s2.wav"]
+    alone = {name: transcribe(whisper_server, audio_dir / name).text for name in names}
+    assert alone[names[0]] != alone[names[1]]
+
+    def under_one_id(name: str) -> str:
+        response = httpx.post(
+            f"{whisper_server.base_url}/audio/transcriptions",
+            files={"file": (name, (audio_dir / name).read_bytes())},
+            data={"model": MODEL},
+            headers={"X-Request-Id": "victim-42"},
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        return str(response.json()["text"])
+
+    assert [under_one_id(name) for name in names] == [alone[name] for name in names]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(under_one_id, names)) == [alone[name] for name in names]
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, bytes]:
+    """Small files that decode or resample to gigabytes: 40 KB of WAV at 1 Hz, 1 MB of Matroska at 2 Hz, a
+    two-hour FLAC of silence (180 KB)."""
+    return {"1hz.wav": low_rate_wav(), "2hz.mkv": low_rate_matroska(), "two-hours.flac": silent_flac(2 * 3600)}
+
+
+def _memory_kb(server: ServerProcess, field: str) -> int:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith(field + ":")).split()[1])
+
+
+def _peak_growth_mb(server: ServerProcess, work: Callable[[], object]) -> float:
+    """How far above its resident set the server's peak rose while `work` ran (the peak reset first)."""
+    Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")
+    before = _memory_kb(server, "VmRSS")
+    work()
+    return (_memory_kb(server, "VmHWM") - before) / 1024
+
+
+def _post_bomb(server: ServerProcess, name: str, data: bytes) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.post(
+        f"{server.base_url}/audio/transcriptions", files={"file": (name, data)}, data={"model": MODEL}, timeout=60
+    )
+    return response, time.monotonic() - started
+
+
+@pytest.mark.parametrize("name", ["1hz.wav", "2hz.mkv", "two-hours.flac"])
+def test_a_decode_bomb_gets_a_400_at_once_and_costs_the_server_no_memory(
+    whisper_server: ServerProcess, bombs: dict[str, bytes], name: str
+) -> None:
+    answers: list[tuple[httpx.Response, float]] = []
+    growth = _peak_growth_mb(whisper_server, lambda: answers.append(_post_bomb(whisper_server, name, bombs[name])))
+    response, seconds = answers[0]
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "file" and error["code"] in {"invalid_audio", "audio_too_long"}, error
+    assert seconds < 1.0 and growth < 50, (seconds, growth)
+
+
+def test_six_decode_bombs_at_once_cost_the_server_no_memory(
+    whisper_server: ServerProcess, bombs: dict[str, bytes]
+) -> None:
+    sent = list(bombs.items()) * 2
+    with concurrent.futures.ThreadPoolExecutor(len(sent)) as pool:
+        answers: list[tuple[httpx.Response, float]] = []
+        growth = _peak_growth_mb(
+            whisper_server, lambda: answers.extend(pool.map(lambda item: _post_bomb(whisper_server, *item), sent))
+        )
+    assert [response.status_code for response, _ in answers] == [400] * 6
+    assert max(seconds for _, seconds in answers) < 1.0 and growth < 50, (answers, growth)
+    assert whisper_server.health()["status"] == "ok"

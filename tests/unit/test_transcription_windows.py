@@ -1,0 +1,226 @@
+"""The transcription handler on a fake engine: its windows are named by keys the server makes (never the client's
+X-Request-Id), what the runner kept for them is released however the transcription ends, uploads wait their turn
+to decode (and a client may leave while waiting), and a decode out of memory is a 503."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+from transformers import AutoFeatureExtractor, AutoTokenizer
+
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
+from transformers_openai.protocol.audio import TranscriptionRequest
+from transformers_openai.serving import transcription
+from transformers_openai.serving.context import ServingContext, SpeechModel
+from transformers_openai.serving.disconnect import ClientDisconnected
+from transformers_openai.serving.errors import InternalServerError, ServiceUnavailableError
+from transformers_openai.serving.tokenizer import TokenizerService
+from transformers_openai.serving.transcription import TranscriptionHandler
+from transformers_openai.serving.whisper_tokens import WhisperTokens
+
+MODEL = "whisper"
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def release_windows(self, key: str) -> None:
+        self.released.append(key)
+
+
+class FakeEngine:
+    """Answers every window with `tokens` (or an error, or nothing at all) and runs calls on a fake runner."""
+
+    def __init__(self, tokens: list[int], outcome: str = "finish") -> None:
+        self.tokens = tokens
+        self.outcome = outcome
+        self.requests: list[EngineRequest] = []
+        self.aborted: list[str] = []
+        self.runner = FakeRunner()
+        self.running = True
+
+    def submit(self, requests: Sequence[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
+        self.requests.extend(requests)
+        return [self._stream(request) for request in requests]
+
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        if self.outcome == "hang":
+            await asyncio.Event().wait()
+        failed = self.outcome == "fail"
+        yield RequestOutput(
+            request_id=request.request_id,
+            text="",
+            token_ids=[] if failed else self.tokens,
+            prompt_tokens=len(request.prompt_token_ids),
+            completion_tokens=len(self.tokens),
+            finish_reason=FinishReason.ERROR if failed else FinishReason.STOP,
+            error="boom" if failed else None,
+        )
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def call(self, fn: Any) -> Any:
+        return fn(self.runner)
+
+
+@pytest.fixture(scope="module")
+def parts(whisper_dir: Path) -> tuple[Any, Any, TokenizerService]:
+    tokenizer = AutoTokenizer.from_pretrained(whisper_dir)
+    return tokenizer, AutoFeatureExtractor.from_pretrained(whisper_dir), TokenizerService(tokenizer, workers=1)
+
+
+def handler(parts: tuple[Any, Any, TokenizerService], engine: FakeEngine, decodes: int = 2) -> TranscriptionHandler:
+    tokenizer, features, service = parts
+    speech = SpeechModel(features, WhisperTokens.from_tokenizer(tokenizer, False), 60.0, max_audio_decodes=decodes)
+    ctx = ServingContext(
+        engine=engine,  # type: ignore[arg-type]
+        tokenizer=service,
+        model_name=MODEL,
+        model_aliases=frozenset({MODEL}),
+        max_model_len=448,
+        model_kind="whisper",
+        speech=speech,
+    )
+    return TranscriptionHandler(ctx)
+
+
+def clip(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(seed).standard_normal(16000).astype(np.float32) * 0.1
+    soundfile.write(buffer, noise, 16000, format="WAV")
+    return buffer.getvalue()
+
+
+def window_tokens(parts: tuple[Any, Any, TokenizerService]) -> list[int]:
+    tokens = WhisperTokens.from_tokenizer(parts[0], False)
+    text = parts[0].encode(" Hello there.", add_special_tokens=False)
+    return [tokens.timestamp_begin, *text, tokens.timestamp_begin + 50, tokens.eot]
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+async def gone() -> None:
+    return None
+
+
+async def settled() -> None:
+    for _ in range(5):  # the releases are tasks of their own
+        await asyncio.sleep(0)
+
+
+def test_two_clips_under_one_client_id_get_windows_of_their_own_each_released(
+    parts: tuple[Any, Any, TokenizerService],
+) -> None:
+    engine = FakeEngine(window_tokens(parts))
+    serving = handler(parts, engine)
+
+    async def run() -> list[Any]:
+        results = []
+        for seed in (1, 2):
+            body = TranscriptionRequest(audio=clip(seed), filename="a.wav", model=MODEL)
+            results.append(await serving.create(body, never, request_id="victim-42"))
+        await settled()
+        return results
+
+    results = asyncio.run(run())
+    assert [r.text for r in results] == ["Hello there.", "Hello there."]
+    keys = [request.encoder_inputs["window"][0] for request in engine.requests]
+    assert len(keys) == 2 and keys[0] != keys[1]
+    assert not any("victim-42" in key for key in keys)
+    assert not any("victim-42" in request.request_id for request in engine.requests)
+    assert engine.runner.released == keys  # nothing kept once each ended
+
+
+def test_a_failed_window_releases_what_was_kept(parts: tuple[Any, Any, TokenizerService]) -> None:
+    engine = FakeEngine(window_tokens(parts), outcome="fail")
+    serving = handler(parts, engine)
+
+    async def run() -> None:
+        with pytest.raises(InternalServerError):
+            await serving.create(TranscriptionRequest(audio=clip(1), filename="a.wav", model=MODEL), never)
+        await settled()
+
+    asyncio.run(run())
+    assert engine.runner.released == [engine.requests[0].encoder_inputs["window"][0]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_aborts_its_window_and_releases_it(
+    parts: tuple[Any, Any, TokenizerService], stream: bool
+) -> None:
+    engine = FakeEngine(window_tokens(parts), outcome="hang")
+    serving = handler(parts, engine)
+
+    async def run() -> None:
+        body = TranscriptionRequest(audio=clip(1), filename="a.wav", model=MODEL, stream=stream)
+        if stream:
+            events = await serving.create(body, never)
+            consumer = asyncio.ensure_future(anext(events))  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            consumer.cancel()  # the SSE helper's task, cancelled when its client leaves
+            with pytest.raises(asyncio.CancelledError):
+                await consumer
+            await events.aclose()  # type: ignore[union-attr]
+        else:
+            with pytest.raises(ClientDisconnected):
+                await serving.create(body, gone)
+        await settled()
+
+    asyncio.run(run())
+    assert set(engine.aborted) == {engine.requests[0].request_id}
+    assert engine.runner.released == [engine.requests[0].encoder_inputs["window"][0]]
+
+
+def test_uploads_wait_for_a_decode_slot_and_may_leave_while_waiting(
+    parts: tuple[Any, Any, TokenizerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeEngine(window_tokens(parts))
+    serving = handler(parts, engine, decodes=1)
+    decoding = 0
+    most = 0
+    real = transcription.decode_audio
+
+    def counted(*args: Any, **kwargs: Any) -> np.ndarray:
+        nonlocal decoding, most
+        decoding += 1
+        most = max(most, decoding)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            decoding -= 1
+
+    monkeypatch.setattr(transcription, "decode_audio", counted)
+
+    async def run() -> None:
+        bodies = [TranscriptionRequest(audio=clip(seed), filename="a.wav", model=MODEL) for seed in range(4)]
+        await asyncio.gather(*(serving.create(body, never) for body in bodies))
+        async with serving._decodes:  # the slot is taken: an upload waits for it, and its client leaves
+            with pytest.raises(ClientDisconnected):
+                await serving.create(bodies[0], gone)
+
+    asyncio.run(run())
+    assert most == 1 and len(engine.requests) == 4
+
+
+def test_a_decode_out_of_memory_is_a_503(
+    parts: tuple[Any, Any, TokenizerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memory(*args: Any, **kwargs: Any) -> np.ndarray:
+        raise MemoryError
+
+    monkeypatch.setattr(transcription, "decode_audio", no_memory)
+    serving = handler(parts, FakeEngine(window_tokens(parts)))
+    with pytest.raises(ServiceUnavailableError) as caught:
+        asyncio.run(serving.create(TranscriptionRequest(audio=clip(1), filename="a.wav", model=MODEL), never))
+    assert caught.value.status_code == 503 and caught.value.param == "file"
