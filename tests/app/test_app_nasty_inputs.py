@@ -87,6 +87,8 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("include_usage int", CHAT, chat(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
     ("token ids with a boolean", COMPLETIONS, completion(prompt=[[1, True]]), "prompt"),
     ("stop count", CHAT, chat(stop=[str(i) for i in range(65)]), "stop"),
+    ("stop length", CHAT, chat(stop=["x" * 9000, "y" * 9000]), "stop"),
+    ("one long stop", COMPLETIONS, completion(stop="z" * 20000), "stop"),
 ]
 
 
@@ -170,3 +172,36 @@ async def test_a_wrong_method_gets_405_in_our_shape_with_allow(client: httpx.Asy
         error = response.json()["error"]
         assert set(error) == ERROR_KEYS and error["code"] == "method_not_allowed"
         assert set(response.headers["allow"].split(", ")) == allowed, response.headers["allow"]
+
+
+DEEP = 3000  # Python's recursion limit is 1000
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def deep_arguments(stream: bool) -> bytes:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": nested(DEEP)}}
+    messages = [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+    return json.dumps(chat(messages=messages, stream=stream)).encode()
+
+
+def deep_body(field: str) -> bytes:
+    return json.dumps(chat()).replace("{", f'{{"{field}": {nested(DEEP)}, ', 1).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [deep_arguments(stream=False), deep_arguments(stream=True), deep_body("metadata"), deep_body("tools")],
+    ids=["tool-call arguments", "tool-call arguments, streamed", "a body field", "tools"],
+)
+async def test_input_nested_thousands_deep_gets_a_400(client: httpx.AsyncClient, fake: FakeEngine, raw: bytes) -> None:
+    response = await client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    error = assert_our_400(response, None)
+    assert error["code"] == "nested_too_deeply" and "nested too deeply" in error["message"]
+    assert fake.submitted == []

@@ -8,6 +8,8 @@ import logging
 import pytest
 
 from transformers_openai.logs import Enqueue, request_id_var, setup_logging
+from transformers_openai.protocol.base import LOGGED_KEY_CHARS
+from transformers_openai.protocol.text import ChatMessage
 
 
 @pytest.fixture
@@ -43,3 +45,18 @@ def test_json_lines_keep_request_id_extras_and_exception_after_the_queue(restore
     assert all(line["request_id"] == "req-7" for line in lines[:2])
     assert lines[0]["request"] == {"tokens": 12}
     assert "ValueError: boom" in lines[1]["exception"]
+
+
+def test_unknown_message_keys_are_logged_as_a_count_and_a_few_short_escaped_names(caplog) -> None:
+    huge, forged = "k" * 1_000_000, "x\n2026-01-01 ERROR forged line"
+    keys = {huge: 1, forged: 2, **{f"extra{i}": i for i in range(10)}}
+    with caplog.at_level(logging.WARNING, logger="transformers_openai.protocol.base"):
+        message = ChatMessage.model_validate({"role": "user", "content": "hi", **keys})
+    assert message.model_extra == {}
+    (record,) = caplog.records
+    line = record.getMessage()
+    assert "\n" not in line and len(line) < 500, line
+    assert line.startswith("ignored 12 unknown keys in a ChatMessage: ")
+    assert repr("k" * LOGGED_KEY_CHARS) + "..." in line  # cut short
+    assert repr(forged) in line  # the newline escaped: no forged line
+    assert line.endswith(" and 7 more")

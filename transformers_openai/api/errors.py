@@ -59,6 +59,8 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
             parts.append(part)  # a form's array field (`timestamp_granularities[]`): named as the client sent it
             break
         if isinstance(part, str) and not part.isidentifier():
+            if not parts:
+                continue  # the tag of a body that is a union ('text-request' at /tokenize): its fields follow
             break  # a union member tag such as 'list[str]' or 'function-after[...]'
         if isinstance(part, str) and part in _UNION_TAGS:
             break
@@ -92,10 +94,18 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(validation_error(exc))
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_too_deep(_: Request, __: Exception) -> JSONResponse:
+        # JSON nested thousands deep (tool-call arguments, a schema) outruns Python's recursion limit wherever it is
+        # decoded, validated or walked: the client's input, never the server's fault.
+        logger.info("request refused: its input is nested too deeply")
+        return error_response(BadRequestError("the request is nested too deeply", code="nested_too_deeply"))
+
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return error_response(NotFoundError("no such route", code="not_found"))
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's refusal of a body json.loads could not read
+            return await on_too_deep(request, exc.__cause__)
         error = OpenAIError(str(exc.detail), code=_HTTP_ERROR_CODES.get(exc.status_code))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
@@ -113,4 +123,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(EngineError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RecursionError, on_too_deep)
     app.add_exception_handler(Exception, on_unexpected)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from itertools import islice
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 logger = logging.getLogger(__name__)
+
+# Unknown keys are client text of any length and any characters: the log names a few, quoted and cut short.
+LOGGED_KEYS = 5
+LOGGED_KEY_CHARS = 40
 
 
 def _valid_unicode(value: str) -> str:
@@ -39,6 +45,21 @@ class Tolerant(BaseModel):
     @model_validator(mode="after")
     def _ignore_extra_keys(self) -> Any:
         if self.model_extra:
-            logger.warning("ignored unknown keys in a %s: %s", type(self).__name__, ", ".join(sorted(self.model_extra)))
+            count = len(self.model_extra)
+            logger.warning(
+                "ignored %d unknown key%s in a %s: %s",
+                count,
+                "" if count == 1 else "s",
+                type(self).__name__,
+                _key_names(self.model_extra, count),
+            )
             self.model_extra.clear()
         return self
+
+
+def _key_names(keys: Iterable[str], count: int) -> str:
+    names = [
+        repr(key[:LOGGED_KEY_CHARS]) + ("..." if len(key) > LOGGED_KEY_CHARS else "")
+        for key in islice(keys, LOGGED_KEYS)
+    ]
+    return ", ".join(names) + (f" and {count - LOGGED_KEYS} more" if count > LOGGED_KEYS else "")

@@ -28,6 +28,9 @@ from transformers_openai.protocol.tools import (
 # ---------------------------------------------------------------- requests
 
 MAX_STOP_STRINGS = 64
+# Stop strings are read by an automaton built per request on the engine thread, in time and memory that follow their
+# total length (about a millisecond and 35 KB a thousand characters); OpenAI takes up to 4 stop strings, vLLM any.
+MAX_STOP_CHARS = 16384
 # Longer logit_bias keys are beyond any vocabulary (and past a length, int() itself refuses them).
 MAX_TOKEN_ID_DIGITS = 10
 # Below this, a temperature means greedy decoding (dividing logits by it would overflow), as vLLM does.
@@ -230,8 +233,10 @@ class _SamplingRequest(Strict):
         stops = [value] if isinstance(value, str) else value
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
-        if len(stops) > MAX_STOP_STRINGS:  # each is matched against every new piece of text
+        if len(stops) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if (total := sum(len(s) for s in stops)) > MAX_STOP_CHARS:
+            raise ValueError(f"the stop strings may hold at most {MAX_STOP_CHARS} characters in all, got {total}")
         return stops
 
     @field_validator("logit_bias")
