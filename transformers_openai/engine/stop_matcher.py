@@ -57,7 +57,7 @@ class StopMatcher:
             read += 1
             if match[state] and (cut < 0 or read - match[state] < cut):
                 cut = read - match[state]
-            # No stop string can start before the held-back tail: nothing can complete before `cut` any more.
+            # A stop string yet to complete starts within the held-back tail or later: past `cut`, `cut` is final.
             if 0 <= cut <= read - depth[state]:
                 return self._stop(delta, cut)
         self._state, self._cut, self._read = state, cut, read
