@@ -43,11 +43,15 @@ class FakeEmbedder:
 
 
 def embedding_context(
-    hf_tokenizer: Any, embedder: FakeEmbedder, dims: tuple[int, ...] | None = None, matryoshka: bool = False
+    hf_tokenizer: Any,
+    embedder: FakeEmbedder,
+    dims: tuple[int, ...] | None = None,
+    matryoshka: bool = False,
+    service: TokenizerService | None = None,
 ) -> ServingContext:
     return ServingContext(
         engine=FakeEngine(),
-        tokenizer=TokenizerService(hf_tokenizer),
+        tokenizer=service or TokenizerService(hf_tokenizer),
         model_name=MODEL,
         model_aliases=frozenset({MODEL}),
         max_model_len=MAX_INPUT,
@@ -206,14 +210,13 @@ def counting(hf_tokenizer: Any) -> CountingTokenizer:
 async def budget_client(
     hf_tokenizer: Any, embedder: FakeEmbedder, counting: CountingTokenizer
 ) -> AsyncIterator[httpx.AsyncClient]:
-    base = embedding_context(hf_tokenizer, embedder)
+    base = embedding_context(hf_tokenizer, embedder, service=counting)
     assert base.embeddings is not None
     limits = PromptLimits(
         max_messages=8, max_content_parts=8, max_prompt_tokens=MAX_INPUT, max_token_chars=TOKEN_CHARS, max_sequences=8
     )
     context = replace(
         base,
-        tokenizer=counting,
         prompt_limits=limits,
         embeddings=replace(base.embeddings, max_total_tokens=BUDGET),
     )

@@ -33,12 +33,13 @@ class TokenizeChatRequest(Strict):
     _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 
 
-def _shape(body: Any) -> Literal["chat", "text"]:
-    return "chat" if isinstance(body, dict) and "messages" in body else "text"
+def _shape(body: Any) -> Literal["chat-request", "text-request"]:
+    return "chat-request" if isinstance(body, dict) and "messages" in body else "text-request"
 
 
+# The tags are no field names (not identifiers), so that an error names the field alone ('prompt', not 'text.prompt').
 TokenizeRequest = Annotated[
-    Annotated[TokenizeChatRequest, Tag("chat")] | Annotated[TokenizeTextRequest, Tag("text")],
+    Annotated[TokenizeChatRequest, Tag("chat-request")] | Annotated[TokenizeTextRequest, Tag("text-request")],
     Discriminator(_shape),
 ]
 
