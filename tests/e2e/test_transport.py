@@ -1,5 +1,6 @@
 """Connections are held only as long as they do their part: idle ones closed, slow senders get 408, malformed
-requests 400 and connections beyond the limit 503, all in our error shape."""
+requests 400, connections beyond the limit 503, bodies beyond the bytes in flight 503 and a foreign Host header 400,
+all in our error shape."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import ServerProcess, start_server
+from tests.e2e.server import ServerProcess, start_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
 HEADER_S, BODY_S, KEEP_ALIVE_S, MAX_CONNECTIONS = 1.5, 1.5, 1, 6
+INFLIGHT_BYTES = 1024 * 1024
+JSON = {"content-type": "application/json"}
 SLACK_S = 1.0  # timers fire on the event loop of a busy 2-core machine
 
 
@@ -25,7 +28,8 @@ def guarded(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
     server = start_server(
         tiny_llama_dir, server_logs, "--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S),
         "--keep-alive-timeout", str(KEEP_ALIVE_S), "--max-connections", str(MAX_CONNECTIONS),
-    )
+        "--max-inflight-bytes", str(INFLIGHT_BYTES),
+    )  # fmt: skip
     yield server
     server.stop()
 
@@ -145,3 +149,42 @@ def test_connections_beyond_the_limit_get_503_while_the_others_work(guarded: Ser
             sock.close()
     time.sleep(0.2)
     assert httpx.get(f"{guarded.root_url}/health", timeout=10).status_code == 200
+
+
+def test_a_foreign_host_header_gets_400_before_the_app(guarded: ServerProcess) -> None:
+    """DNS rebinding: a page of attacker.example whose name now points at 127.0.0.1 still sends its own Host."""
+    port = guarded.port
+    for head, status in [
+        (f"GET /v1/models HTTP/1.1\r\nHost: attacker.example:{port}\r\n", 400),
+        (f"GET /v1/models HTTP/1.1\r\nHost: localhost:{port}\r\n", 200),
+        (f"GET /v1/models HTTP/1.1\r\nHost: [::1]:{port}\r\n", 200),
+        ("GET /health HTTP/1.0\r\n", 200),  # no Host at all: an HTTP/1.0 health check, not a browser
+    ]:
+        with connect(guarded) as sock:
+            sock.sendall(f"{head}Connection: close\r\n\r\n".encode())
+            data, _ = read_until_closed(sock, 10)
+        if status == 400:
+            assert_our_error(data, 400, "invalid_host")
+        else:
+            assert parse(data)[0] == status, data
+
+
+def test_bodies_past_the_bytes_in_flight_get_503_until_those_bytes_come_back(guarded: ServerProcess) -> None:
+    payload = json.dumps({"model": guarded.model, "prompt": "hi", "max_tokens": 2}).encode()
+    payload += b" " * (200 * 1024 - len(payload))
+    with connect(guarded) as slow:
+        slow.sendall(request_head(guarded, 900 * 1024) + b"{")  # 900 KiB reserved; its body never comes
+        time.sleep(0.2)
+        with connect(guarded) as sock:
+            sock.sendall(request_head(guarded, len(payload)) + payload)
+            refused = read_response(sock)
+        assert_our_error(refused, 503, "server_overloaded")
+        assert b"retry-after: 1" in refused.lower()
+        data, _ = read_until_closed(slow, BODY_S + 5)
+        assert_our_error(data, 408, "request_timeout")
+
+    def answered() -> bool:  # the timed-out body's reservation is given back once the app sees the disconnect
+        response = httpx.post(f"{guarded.base_url}/completions", content=payload, headers=JSON, timeout=30)
+        return response.status_code == 200
+
+    assert wait_for(answered, 10)
