@@ -131,6 +131,19 @@ async def test_chunked_bodies_that_push_past_the_budget_get_503(fake: FakeEngine
     assert budget.peak == 896 * KIB <= budget.limit
 
 
+async def test_a_body_larger_than_the_whole_budget_gets_413(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    app = make_app(fake, hf_tokenizer, max_inflight_bytes=BUDGET)  # max_request_bytes stays 10 MiB
+    async with running(app):
+        declared = await Exchange(app, CHAT, "application/json", BUDGET + 1).done()
+        assert declared.status == 413 and declared.error()["code"] == "request_too_large"
+        chunked = Exchange(app, CHAT, "application/json")
+        for _ in range(17):
+            chunked.send(b" " * (64 * KIB))
+        await chunked.done()
+        assert chunked.status == 413 and chunked.error()["code"] == "request_too_large"
+    assert app.state.inflight_bytes.held == 0
+
+
 async def test_a_client_that_leaves_mid_body_gives_its_bytes_back(fake: FakeEngine, hf_tokenizer: Any) -> None:
     app = make_app(fake, hf_tokenizer, max_inflight_bytes=BUDGET)
     budget: ByteBudget = app.state.inflight_bytes

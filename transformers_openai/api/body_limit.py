@@ -50,7 +50,8 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         form = _is_form(scope)
-        limit = self.max_form_bytes if form else self.max_bytes
+        # A body larger than the whole budget could never be held: that is a 413, not a 503 to retry.
+        limit = min(self.max_form_bytes if form else self.max_bytes, self.budget.limit)
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await _reject(scope, receive, send, _too_large(limit))
