@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -252,3 +254,60 @@ def test_a_pipeline_module_we_cannot_apply_stops_the_start(
 def test_an_encoder_decoder_cannot_be_served_for_embeddings(tiny_t5_dir: Path, server_logs: Path) -> None:
     with pytest.raises(RuntimeError, match="not t5"):
         start_server(tiny_t5_dir, server_logs, "--model-kind", "embedding", timeout_s=60)
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_an_abandoned_big_request_frees_the_engine_within_a_piece(minilm_server: ServerProcess) -> None:
+    # 320 inputs of MiniLM's 256 tokens: 20 pieces of 16 (--max-prefill-tokens 4096), about 82,000 tokens.
+    texts = [f"{WORDS[i % len(WORDS)]} " + "word " * 300 for i in range(320)]
+    body = json.dumps({"model": "test-model", "input": texts, "truncate_prompt_tokens": -1}).encode()
+    before = minilm_server.engine_state()
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{minilm_server.port}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", minilm_server.port), timeout=30) as sock:
+        sent = time.monotonic()
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(lambda: minilm_server.engine_state()["forwards"] > before["forwards"])  # its first piece ran
+        first_piece_s = time.monotonic() - sent
+    # The client is gone: the next request waits for the piece running at most.
+    started = time.monotonic()
+    url = f"{minilm_server.base_url}/embeddings"
+    response = httpx.post(url, json={"model": "test-model", "input": "Hi"}, timeout=60)
+    waited = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    wait_for(lambda: minilm_server.engine_state()["in_flight"] == 0)
+    after = minilm_server.engine_state()
+    embedded = after["inputs"] - before["inputs"] - 1
+    assert embedded <= 3 * 16, after  # the pieces that ran before the disconnect was seen: a few of 20
+    assert after["dropped"] - before["dropped"] == 320 - embedded
+    print(f"abandoned after {embedded} of 320 inputs; first piece {first_piece_s:.2f} s, next request {waited:.2f} s")
+
+
+@pytest.mark.slow
+def test_bodies_past_the_limits_are_refused_before_tokenizing(minilm_server: ServerProcess) -> None:
+    texts = ["word " * 600] * 2048  # 6.1 MB: more characters than 300,000 tokens of MiniLM's vocabulary could hold
+    started = time.monotonic()
+    over = httpx.post(
+        f"{minilm_server.base_url}/embeddings",
+        json={"model": "test-model", "input": texts, "truncate_prompt_tokens": -1},
+        timeout=60,
+    )
+    embed_s = time.monotonic() - started
+    assert over.status_code == 400, over.text
+    assert (over.json()["error"]["param"], over.json()["error"]["code"]) == ("input", "max_tokens_per_request")
+    started = time.monotonic()
+    prompt = httpx.post(
+        f"{minilm_server.root_url}/tokenize", json={"prompt": "word " * 1_900_000}, timeout=60
+    )  # 9.5 MB
+    tokenize_s = time.monotonic() - started
+    assert prompt.status_code == 400, prompt.text
+    assert (prompt.json()["error"]["param"], prompt.json()["error"]["code"]) == ("prompt", "context_length_exceeded")
+    tokens = httpx.post(f"{minilm_server.root_url}/detokenize", json={"tokens": [1000] * 100_000}, timeout=60)
+    assert tokens.status_code == 400 and tokens.json()["error"]["param"] == "tokens"
+    print(f"6.1 MB embeddings body refused in {embed_s:.2f} s, 9.5 MB /tokenize body in {tokenize_s:.2f} s")

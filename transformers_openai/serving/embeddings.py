@@ -1,8 +1,9 @@
 """/v1/embeddings: inputs checked and tokenized here, embedded by the embedding engine, answered as floats or base64.
 
-A request holds at most `max_total_tokens` tokens over all its inputs. What is certainly over is refused before any
-tokenizing (token ids are counted; texts have more characters than their tokens could stand for), and texts are
-tokenized in chunks, counted as they come, so a request over the bound is refused at the chunk that passes it.
+A request holds at most `max_total_tokens` tokens over all its inputs. Token ids are counted before anything else;
+texts of more characters than that many tokens of the vocabulary could stand for are refused before any tokenizing,
+and the others are tokenized in chunks, counted as they come, so a request over the bound stops at the chunk that
+passes it.
 """
 
 from __future__ import annotations
