@@ -8,6 +8,8 @@ from typing import Any
 
 import schemathesis
 
+from tests.schemas import COSTLY
+
 
 def pin_model(raw: dict[str, Any], model: str) -> dict[str, Any]:
     """Every request body's `model` property becomes the served model's name; everything else stays free."""
@@ -44,7 +46,8 @@ def nasty_schemas() -> dict[str, dict[str, Any]]:
         "over the size cap": {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(3000)}},
         "enum over the size cap": {"enum": [f"value number {i}" for i in range(5000)]},
         "past the lexer's limits": {"type": "string", "pattern": "^x{50000}$"},
-        "costly to follow": {"type": "string", "pattern": "^x{20000}$"},
+        "costly from the first token": {"type": "string", "pattern": "^x{20000}$"},
+        "costly mid-answer": COSTLY,
         "nested past the recursion limit": json.loads(
             '{"type":"object","properties":{"a":' * 300 + '{"type":"integer"}' + "}}" * 300
         ),

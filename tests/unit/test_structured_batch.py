@@ -9,7 +9,7 @@ import jsonschema
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.schemas import SCHEMAS
+from tests.schemas import COSTLY, SCHEMAS
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.errors import ConstraintFailed
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
@@ -94,7 +94,7 @@ def test_a_grammar_failing_mid_answer_ends_its_request_alone(tiny_llama_dir: Pat
     free_params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     free = [EngineRequest(f"free{i}", prompt[: 3 + i], free_params) for i in range(2)]
     solo = {r.request_id: run(core(), [r])[r.request_id] for r in free}
-    (costly,) = structured.constraints({"type": "string", "pattern": "^x{20000}$"}, 1, "response_format")
+    (costly,) = structured.constraints(COSTLY, 1, "response_format")
     (valid,) = structured.constraints(SCHEMAS[0], 1, "response_format")
     params = SamplingParams(max_tokens=300, temperature=0.0)
     bound = [

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from tests.e2e.fuzz_schema import nasty_schemas
 from tests.grammar_walk import random_walk
-from tests.schemas import SCHEMAS
+from tests.schemas import COSTLY, SCHEMAS
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.structured_output import ANNOTATIONS, StructuredOutputs
 
@@ -88,8 +88,6 @@ def test_each_schema_is_compiled_once(structured, monkeypatch) -> None:
 
 
 # -- hardening: size cap, annotations, cache bytes, llguidance's limits, mask budget
-
-COSTLY = {"type": "string", "pattern": "^x{20000}$"}  # accepted by the limits; 7-10 ms of CPU a mask
 
 
 def object_schema(fields: int, tag: str) -> dict:
@@ -250,6 +248,12 @@ def test_a_pattern_past_llguidances_limits_is_a_400_before_any_token(structured)
         structured.constraints({"type": "string", "pattern": "^x{50000}$"}, 1, "response_format")
     assert caught.value.param == "response_format" and "lexer" in caught.value.message
     assert "<state>" not in caught.value.message  # llguidance's parser dump is not sent back
+
+
+def test_a_grammar_costly_from_its_first_masks_is_a_400_before_any_token(structured) -> None:
+    with pytest.raises(BadRequestError) as caught:  # 7-10 ms a mask from the start: the compile sees it
+        structured.constraints({"type": "string", "pattern": "^x{20000}$"}, 1, "response_format")
+    assert caught.value.code == "grammar_too_costly" and "first token masks" in caught.value.message
 
 
 def test_a_grammar_whose_masks_cost_too_much_ends_its_row(structured, tokenizer) -> None:

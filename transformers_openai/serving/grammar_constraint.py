@@ -36,6 +36,11 @@ class MaskBudget:
         return spent_s <= self.grace_s + self.per_token_s * masks
 
 
+def llguidance_error(text: str) -> str:
+    """llguidance's error message without its (empty, non-verbose) parser-state dump."""
+    return text.replace("<non-verbose/>", "").strip()
+
+
 def disallowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """The bool [vocab] tensor of the tokens a one-row llguidance bitmask does not allow.
 
@@ -105,7 +110,9 @@ class GrammarConstraint:
         accepted = self._matcher.consume_token(token_id)
         self._spent_s += time.thread_time() - start
         if not accepted:
-            self._fail(f"the answer's grammar failed at token {token_id}: {self._matcher.get_error()}")
+            self._fail(
+                f"the answer's grammar failed at token {token_id}: {llguidance_error(self._matcher.get_error())}"
+            )
         self._done = bool(self._matcher.is_stopped())
         self._disallowed = None
         if not self._done:
@@ -122,7 +129,7 @@ class GrammarConstraint:
                 self._pending = self._workers.submit(self._compute)
             self._wait()
         if self._disallowed is None:
-            self._fail(f"the answer's grammar failed: {self._matcher.get_error() or 'no mask'}")
+            self._fail(f"the answer's grammar failed: {llguidance_error(self._matcher.get_error()) or 'no mask'}")
         return self._disallowed
 
     def _wait(self) -> None:
@@ -136,7 +143,7 @@ class GrammarConstraint:
         self._spent_s += spent
         self._masks += 1
         if self._matcher.is_error():
-            self._fail(f"the answer's grammar failed: {self._matcher.get_error()}")
+            self._fail(f"the answer's grammar failed: {llguidance_error(self._matcher.get_error())}")
         if not self._budget.allows(self._spent_s, self._masks):
             self._fail(
                 f"the answer's grammar is too costly to follow: its token masks took {self._spent_s * 1000:.0f} ms "

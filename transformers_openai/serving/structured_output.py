@@ -25,7 +25,13 @@ from llguidance import LLMatcher, LLParserLimits
 
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.grammar_cache import CompiledGrammar, GrammarCache, estimate_bytes
-from transformers_openai.serving.grammar_constraint import GrammarConstraint, MaskBudget, MaskWorkers, disallowed_tokens
+from transformers_openai.serving.grammar_constraint import (
+    GrammarConstraint,
+    MaskBudget,
+    MaskWorkers,
+    disallowed_tokens,
+    llguidance_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +160,9 @@ class StructuredOutputs:
     ) -> CompiledGrammar:
         """One compile of a key at a time: requests that ask for it meanwhile wait for its grammar, or its 400."""
         with self._lock:
+            cached = self.cache.get(key)  # compiled since the caller looked (kept before its flight ends)
+            if cached is not None:
+                return cached
             flight = self._flights.get(key)
             leader = flight is None
             if flight is None:
@@ -177,7 +186,8 @@ class StructuredOutputs:
 
     def _compile(self, key: str, build: Callable[[], str], tokenizer: Any, param: str, what: str) -> CompiledGrammar:
         """Compiles a grammar (llguidance drops the GIL meanwhile), computes its first mask and probes its forced
-        tokens; keeps it in the cache."""
+        tokens, refusing it if these masks alone take more than the rows' budget allows at first; keeps it in the
+        cache."""
         try:
             grammar = build()
             matcher = LLMatcher(tokenizer, grammar, limits=LIMITS)
@@ -190,7 +200,14 @@ class StructuredOutputs:
         first_mask_s = time.thread_time() - start
         error = matcher.get_error() or _probe(matcher, bitmask, tokenizer.vocab_size)
         if error:
-            raise BadRequestError(f"{what} cannot be used: {error}", param=param)
+            raise BadRequestError(f"{what} cannot be used: {llguidance_error(error)}", param=param)
+        probed_s = time.thread_time() - start
+        if probed_s > self._budget.grace_s:  # what every answer would spend on its first masks: refused up front
+            message = (
+                f"{what} is too costly to follow: its first token masks took {probed_s * 1000:.0f} ms of CPU time "
+                f"(at most {self._budget.grace_s * 1000:.0f} ms); simplify its patterns or repetitions"
+            )
+            raise BadRequestError(message, param=param, code="grammar_too_costly")
         entry = CompiledGrammar(
             matcher, disallowed_tokens(bitmask, tokenizer.vocab_size), first_mask_s, estimate_bytes(grammar)
         )
