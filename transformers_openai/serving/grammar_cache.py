@@ -4,9 +4,10 @@ An entry's size is an estimate, not a reading: llguidance reports no memory figu
 heap that compiling takes was measured (glibc's `mallinfo2` before and after compiling N distinct object schemas of
 1 to 140 KiB of grammar, SmolLM2's vocabulary): about 76-78 bytes per byte of serialized grammar over 8 KiB, and
 50-190 KiB for the smallest ones; with the first mask and its tensors, about 76 bytes per byte plus 160 KiB.
-`estimate_bytes` takes 80 bytes per grammar byte plus 256 KiB, above every reading (tests/unit/
-test_structured_output.py checks it): a 64 KiB schema is about 5.4 MiB, a 1 KiB one 340 KiB. The lexer states that requests add to an entry as they use it (100-450 KiB measured over a walk of 30
-tokens) are bounded by llguidance's `max_lexer_states` limit rather than counted.
+`estimate_bytes` takes 80 bytes per grammar byte plus 256 KiB, above every reading (a unit test checks it): a
+64 KiB schema counts about 5.4 MiB, a 1 KiB one 340 KiB. The lexer states that requests add to an entry as they
+use it (100-450 KiB measured over a walk of 30 tokens) are bounded by llguidance's `max_lexer_states` limit rather
+than counted.
 """
 
 from __future__ import annotations
