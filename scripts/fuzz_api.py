@@ -38,8 +38,12 @@ import tests.e2e.server as server_module  # noqa: E402
 from tests.model_factory import build_tiny_llama, cache_root  # noqa: E402
 
 GATING = ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance"]
-VIOLATIONS = {"status_code_conformance", "content_type_conformance", "response_schema_conformance",
-              "response_headers_conformance"}
+VIOLATIONS = {
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_schema_conformance",
+    "response_headers_conformance",
+}
 SERVER_ARGS = ["--max-model-len", "64", "--max-batch-size", "8"]
 
 
@@ -124,7 +128,11 @@ def read_events(path: Path) -> Findings:
                         if isinstance(content, dict) and "$base64" in content:
                             answer = base64.b64decode(content["$base64"]).decode("utf-8", "replace")[:300]
                         found.distinct[key] = Distinct(
-                            check["name"], key[1], key[2], message, status,
+                            check["name"],
+                            key[1],
+                            key[2],
+                            message,
+                            status,
                             curl=curl_line(interaction["request"]) if "request" in interaction else "",
                             answer=answer,
                         )
@@ -144,8 +152,12 @@ def describe_source(source: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-examples", type=int, default=300,
-                        help="cases per operation and phase (default 300: about 5,200 cases in all)")
+    parser.add_argument(
+        "--max-examples",
+        type=int,
+        default=300,
+        help="cases per operation and phase (default 300: about 5,200 cases in all)",
+    )
     parser.add_argument("--source", type=Path, default=REPO, help="checkout whose transformers_openai is served")
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds (a hang)")
     parser.add_argument("--seed", type=int, default=7)
@@ -164,15 +176,39 @@ def main() -> int:
     ndjson = report / "events.ndjson"
     try:
         command = [
-            "st", "run", f"{server.root_url}/openapi.json", "--checks", args.checks,
-            "--max-examples", str(args.max_examples), "--request-timeout", str(args.timeout),
-            "--continue-on-failure", "--no-shrink", "--seed", str(args.seed), "--workers", "1",
-            "--output-sanitize", "false", "--no-color",
-            "--report", "ndjson,json", "--report-dir", str(report), "--report-ndjson-path", str(ndjson),
-            "--report-json-path", str(report / "run.json"),
+            "st",
+            "run",
+            f"{server.root_url}/openapi.json",
+            "--checks",
+            args.checks,
+            "--max-examples",
+            str(args.max_examples),
+            "--request-timeout",
+            str(args.timeout),
+            "--continue-on-failure",
+            "--no-shrink",
+            "--seed",
+            str(args.seed),
+            "--workers",
+            "1",
+            "--output-sanitize",
+            "false",
+            "--no-color",
+            "--report",
+            "ndjson,json",
+            "--report-dir",
+            str(report),
+            "--report-ndjson-path",
+            str(ndjson),
+            "--report-json-path",
+            str(report / "run.json"),
         ]
-        env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.e2e.fuzz_schema", "FUZZ_MODEL": server.model,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "tests.e2e.fuzz_schema",
+            "FUZZ_MODEL": server.model,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
         print(f"fuzzing {describe_source(source)}; schemathesis output: {report / 'st-output.txt'}", flush=True)
         start = time.monotonic()
         with (report / "st-output.txt").open("wb") as output:

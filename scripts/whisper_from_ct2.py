@@ -135,8 +135,10 @@ def convert(source: Path, dest: Path) -> Path:
     tokenizer = _tokenizer(source / "tokenizer.json", vocab)
     multilingual = vocab >= 51865  # English-only vocabularies have 51864 tokens
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    special = {name: tokenizer.convert_tokens_to_ids(name) for name in (
-        "<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>", "<|transcribe|>", "<|translate|>")}
+    special = {
+        name: tokenizer.convert_tokens_to_ids(name)
+        for name in ("<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>", "<|transcribe|>", "<|translate|>")
+    }
     config = WhisperConfig(
         vocab_size=int(vocab),
         num_mel_bins=int(n_mels),

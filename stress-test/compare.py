@@ -135,8 +135,18 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
     audio_rate = round(audio / wall, 2) if wall > 0 and audio else None
     ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3), pct(ttfts, 100, 1e3)), pct([r.e2e for r in good], 50)
     return Row(
-        target, conc, len(results), len(errors), tokens, round(wall, 3), tok_s, audio_rate, *ttft,
-        pct(itls, 50, 1e3), e2e, note,
+        target,
+        conc,
+        len(results),
+        len(errors),
+        tokens,
+        round(wall, 3),
+        tok_s,
+        audio_rate,
+        *ttft,
+        pct(itls, 50, 1e3),
+        e2e,
+        note,
     )
 
 
@@ -457,22 +467,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--model", type=Path, default=DEFAULT_MODEL, help="local HF model directory (default: %(default)s)")
-    add("--target", action="append", choices=[*TARGETS, "baseline", "all"],
-        help="what to run; repeatable (default: all)")
-    add("--baseline-url", help="target `baseline`: an already running server at this loopback URL (e.g. an older "
-        "checkout of ours), benchmarked like `server` and interleaved with the other targets")
+    add(
+        "--target",
+        action="append",
+        choices=[*TARGETS, "baseline", "all"],
+        help="what to run; repeatable (default: all)",
+    )
+    add(
+        "--baseline-url",
+        help="target `baseline`: an already running server at this loopback URL (e.g. an older "
+        "checkout of ours), benchmarked like `server` and interleaved with the other targets",
+    )
     add("--url", help="benchmark an already running `server` at this loopback base URL instead of spawning one")
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
-    add("--endpoint", choices=["completions", "chat", "transcription"], default="completions",
-        help="(default: %(default)s)")
+    add(
+        "--endpoint",
+        choices=["completions", "chat", "transcription"],
+        default="completions",
+        help="(default: %(default)s)",
+    )
     add("--audio-dir", type=Path, default=DEFAULT_AUDIO, help="clips for transcription (default: %(default)s)")
     add("--concurrency", type=int_list, default="1,4,16", help="comma-separated levels (default: %(default)s)")
     add("--requests", type=int, default=0, help="requests per level (default: max(2*concurrency, 8))")
     add("--max-tokens", type=int, default=64, help="exact output tokens per request (default: %(default)s)")
     add("--max-batch-size", type=int, default=0, help="for our server (default 0: the server's own default)")
     add("--device", choices=["cpu", "cuda"], default="cpu", help="where every target runs (default: %(default)s)")
-    add("--dtype", choices=["float32", "bfloat16"], default="float32",
-        help="every target's weights (default: %(default)s)")
+    add(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="every target's weights (default: %(default)s)",
+    )
     add("--repeat", type=int, default=1, help="interleaved repetitions: all targets, then all again (default: 1)")
     add("--threads", type=int, default=1, help="torch/OMP threads of each model process (default: %(default)s)")
     add("--seed", type=int, default=0, help="prompt selection seed (default: %(default)s)")

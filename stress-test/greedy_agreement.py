@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         "first_difference_positions": sorted(differing),
         "median_first_difference": statistics.median(differing) if differing else None,
     }
-    print(f"{args.candidate} vs {args.reference}, {args.model.name}, {len(prompts)} prompts, greedy, "
-          f"{args.max_tokens} tokens: {report['identical']} identical ({report['identical_share']:.0%}); "
-          f"the others part at tokens {sorted(differing)}")
+    print(
+        f"{args.candidate} vs {args.reference}, {args.model.name}, {len(prompts)} prompts, greedy, "
+        f"{args.max_tokens} tokens: {report['identical']} identical ({report['identical_share']:.0%}); "
+        f"the others part at tokens {sorted(differing)}"
+    )
     out = args.out or REPO_ROOT / "stress-test" / "results" / f"agreement-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -101,8 +101,10 @@ async def warm_up(args: argparse.Namespace, base_url: str, spec: RequestSpec) ->
     if args.warmup <= 0:
         return
     async with http_client(args, httpx.Limits(max_connections=2)) as client:
-        records = [await send(client, base_url, spec, pick_prompt(i, spec.prompts), args.request_timeout)
-                   for i in range(args.warmup)]
+        records = [
+            await send(client, base_url, spec, pick_prompt(i, spec.prompts), args.request_timeout)
+            for i in range(args.warmup)
+        ]
     if not any(r.ok for r in records):
         raise SystemExit(f"warm-up failed: {records[0].status}: {records[0].detail}")
 
@@ -197,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     req.add_argument("--workload", choices=WORKLOADS, default="chat-stream", help="(default: %(default)s)")
     req.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default: %(default)s)")
     req.add_argument(
-        "--audio-dir", type=Path, default=HERE.parent / "tests" / "data" / "audio",
+        "--audio-dir",
+        type=Path,
+        default=HERE.parent / "tests" / "data" / "audio",
         help="transcription: the clips to upload (default: tests/data/audio)",
     )
     req.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s)")

@@ -70,8 +70,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for round_ in range(args.rounds + 1):  # round 0 warms up
         history = [{"role": "user", "content": fitted(round_)}]
         cold = prompt(history)
-        turn = prompt([*history, {"role": "assistant", "content": "Logged."},
-                       {"role": "user", "content": "Which pier was checked last?"}])
+        turn = prompt(
+            [
+                *history,
+                {"role": "assistant", "content": "Logged."},
+                {"role": "user", "content": "Which pier was checked last?"},
+            ]
+        )
         cold_time = first_token_ms(core, EngineRequest(f"cold{round_}", cold, params))
         hits_before = core.kv.usage().prefix_hits
         cached_time = first_token_ms(core, EngineRequest(f"turn{round_}", turn, params))

@@ -23,8 +23,10 @@ from loadserver import ServerOptions, local_server, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS_DIR = REPO / "tests" / "data" / "lm_eval_tasks"
-TASKS = {"toa_general_knowledge": ("acc,none", "acc_norm,none"),
-         "toa_prose_perplexity": ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none")}
+TASKS = {
+    "toa_general_knowledge": ("acc,none", "acc_norm,none"),
+    "toa_prose_perplexity": ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"),
+}
 WINDOW = 32  # as in tests/e2e/test_lm_eval.py
 
 
@@ -33,29 +35,45 @@ def evaluate(base_url: str, model_dir: Path) -> dict[str, float]:
     from lm_eval.tasks import TaskManager
 
     model_args = {
-        "model": "bench", "base_url": f"{base_url}/v1/completions", "tokenizer": str(model_dir),
-        "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": 1, "max_retries": 1,
+        "model": "bench",
+        "base_url": f"{base_url}/v1/completions",
+        "tokenizer": str(model_dir),
+        "tokenizer_backend": "huggingface",
+        "tokenized_requests": True,
+        "num_concurrent": 1,
+        "max_retries": 1,
         "max_length": WINDOW + 2,
     }
     here = Path.cwd()
     os.chdir(TASKS_DIR)  # the YAMLs' data_files are relative to their folder
     try:
         result = lm_eval.simple_evaluate(
-            model="local-completions", model_args=model_args, tasks=list(TASKS),
-            task_manager=TaskManager(include_path=str(TASKS_DIR)), batch_size=1, bootstrap_iters=0,
+            model="local-completions",
+            model_args=model_args,
+            tasks=list(TASKS),
+            task_manager=TaskManager(include_path=str(TASKS_DIR)),
+            batch_size=1,
+            bootstrap_iters=0,
         )
     finally:
         os.chdir(here)
     assert result is not None
-    return {f"{task}:{metric.split(',')[0]}": float(result["results"][task][metric])
-            for task, metrics in TASKS.items() for metric in metrics}
+    return {
+        f"{task}:{metric.split(',')[0]}": float(result["results"][task][metric])
+        for task, metrics in TASKS.items()
+        for metric in metrics
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--config", action="append", required=True,
-                        help="server arguments of one configuration ('none': the plain weights); repeatable")
+    parser.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        help="server arguments of one configuration ('none': the plain weights); repeatable",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -67,7 +85,9 @@ def main() -> None:
     for config in args.config:
         extra = [] if config == "none" else shlex.split(config)
         options = ServerOptions(
-            model=args.model.resolve(), log_path=out.with_suffix(f".{len(rows)}.log"), torch_threads=args.threads,
+            model=args.model.resolve(),
+            log_path=out.with_suffix(f".{len(rows)}.log"),
+            torch_threads=args.threads,
             extra_args=["--served-model-name", "bench", "--dtype", "float32", *extra],
         )
         with local_server(options) as base_url:

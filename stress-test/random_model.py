@@ -31,8 +31,13 @@ PRESETS: dict[str, dict[str, object]] = {
         "tie_word_embeddings": True,
     },
 }
-COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-          "generation_config.json")
+COPIED = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def build(like: Path, preset: str, out: Path, seed: int = 0) -> Path:

@@ -156,15 +156,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--json-rows", type=int, default=0, help="rows bound to a JSON schema (structured output)")
-    parser.add_argument("--decode", default="grouped", help="comma-separated decode variants, measured interleaved: "
-                        "grouped, fixed, buckets, graphs, ahead, compiled (default: %(default)s)")
+    parser.add_argument(
+        "--decode",
+        default="grouped",
+        help="comma-separated decode variants, measured interleaved: "
+        "grouped, fixed, buckets, graphs, ahead, compiled (default: %(default)s)",
+    )
     parser.add_argument("--gpu-time", action="store_true", help="GPU busy time per step (CUDA, torch profiler)")
     parser.add_argument("--agreement", action="store_true", help="rows' greedy tokens against model.generate")
-    parser.add_argument("--profile-table", type=int, default=0, metavar="N",
-                        help="with --gpu-time: print the profiler's top N operations by host and by GPU time")
+    parser.add_argument(
+        "--profile-table",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --gpu-time: print the profiler's top N operations by host and by GPU time",
+    )
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument(
-        "--weights", default="packed", help="comma-separated: packed (the server's CPU default), plain (nn.Linear); "
+        "--weights",
+        default="packed",
+        help="comma-separated: packed (the server's CPU default), plain (nn.Linear); "
         "several are measured interleaved, batch by batch (default: %(default)s)",
     )
     args = parser.parse_args(argv)
@@ -185,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
     sampling += f", {args.json_rows} rows bound to a JSON schema" if args.json_rows else ""
-    print(f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each, "
-          f"{sampling}")
+    print(
+        f"{args.model.name}, {args.dtype} on {args.device}, {args.threads} thread(s), {args.max_tokens} tokens each, "
+        f"{sampling}"
+    )
     reference = None
     if args.agreement:
         if args.temperature != 0:
@@ -202,8 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         for weights, model in models.items():
             for decode in args.decode.split(","):
                 ms = breakdown(
-                    model, tokenizer, batch, args.max_tokens, args.temperature, args.top_p, args.json_rows,
-                    decode=decode, gpu_time=args.gpu_time, reference=reference, profile_rows=args.profile_table,
+                    model,
+                    tokenizer,
+                    batch,
+                    args.max_tokens,
+                    args.temperature,
+                    args.top_p,
+                    args.json_rows,
+                    decode=decode,
+                    gpu_time=args.gpu_time,
+                    reference=reference,
+                    profile_rows=args.profile_table,
                 )
                 rate = batch / ms["total"] * 1e3
                 cells = [f"{ms[p]:.1f}" for p in ("forward", "sample", "output", "total")]
@@ -217,8 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         import json
 
-        meta = {"model": str(args.model), "dtype": args.dtype, "device": args.device, "threads": args.threads,
-                "max_tokens": args.max_tokens, "torch": torch.__version__}
+        meta = {
+            "model": str(args.model),
+            "dtype": args.dtype,
+            "device": args.device,
+            "threads": args.threads,
+            "max_tokens": args.max_tokens,
+            "torch": torch.__version__,
+        }
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
         args.out.write_text(json.dumps({"config": meta, "rows": rows}, indent=1))
@@ -234,7 +262,10 @@ def _generate(model: Any, tokenizer: Any, max_tokens: int) -> list[int]:
     )
     prompt = torch.tensor([ids], device=model.device)
     out = model.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
         do_sample=False,
     )
     return [int(t) for t in out[0, prompt.shape[1] :]]

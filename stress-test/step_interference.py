@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     for batch in dict.fromkeys(b for b, _ in ms):
         base = statistics.median(ms[batch, conditions[0]])
         cells = [
-            " / ".join(f"{v:.1f}" for v in ms[batch, c]) + ("" if c == conditions[0] else
-                                                             f" ({statistics.median(ms[batch, c]) / base:.2f}x)")
+            " / ".join(f"{v:.1f}" for v in ms[batch, c])
+            + ("" if c == conditions[0] else f" ({statistics.median(ms[batch, c]) / base:.2f}x)")
             for c in conditions
         ]
         print(f"| {batch} | " + " | ".join(cells) + " |")

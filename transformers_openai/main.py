@@ -100,6 +100,7 @@ def run(settings: Settings, argv: Sequence[str] = ()) -> int:
         os.kill(os.getpid(), signal.SIGINT)  # let uvicorn shut down cleanly, then exit non-zero
 
     metrics = Metrics(settings.model_name, compat=settings.metrics_compat)
+
     def load() -> ServingContext:
         # Imported here, in the loading thread: transformers' model classes import every quantization library
         # installed (torchao asks CUDA about itself as it is imported), which `--help` and importing this module
@@ -111,8 +112,13 @@ def run(settings: Settings, argv: Sequence[str] = ()) -> int:
     app = create_app(settings, load, on_load_failure, metrics)
     limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
-        timeout_graceful_shutdown=5, timeout_keep_alive=settings.keep_alive_timeout,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=log_config,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=settings.keep_alive_timeout,
         http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]
     )
     # Shutdown is ours (DrainingServer): sse-starlette must not cut streams before they get their error event.

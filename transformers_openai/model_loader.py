@@ -217,7 +217,12 @@ def load_serving_context(
     max_len = spec.context_length(model, settings.max_model_len)
     max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
     logger.info(
-        "loaded %s (%s) on %s as %s, quantization %s, context %d", settings.model, kind, device, dtype, quantization,
+        "loaded %s (%s) on %s as %s, quantization %s, context %d",
+        settings.model,
+        kind,
+        device,
+        dtype,
+        quantization,
         max_len,
     )
     kv_space = _kv_space(settings, model.device, ranks)
@@ -255,7 +260,9 @@ def load_serving_context(
     if runner.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
-            kv_space.bytes / 2**20, runner.max_model_len, max_len,
+            kv_space.bytes / 2**20,
+            runner.max_model_len,
+            max_len,
         )
         max_len = runner.max_model_len
     scheduler = Scheduler(rows, settings.max_queue, settings.max_prefill_tokens)

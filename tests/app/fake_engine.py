@@ -119,8 +119,14 @@ class FakeEngine:
         if self.shutdown_message is not None and rid in self.in_flight:
             self.in_flight.discard(rid)
             yield RequestOutput(
-                rid, "", [], prompt_len, 0, finish_reason=FinishReason.ERROR,
-                error=self.shutdown_message, error_kind=ErrorKind.SHUTDOWN,
+                rid,
+                "",
+                [],
+                prompt_len,
+                0,
+                finish_reason=FinishReason.ERROR,
+                error=self.shutdown_message,
+                error_kind=ErrorKind.SHUTDOWN,
             )
 
 

@@ -13,8 +13,7 @@ from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.settings import Settings
 
 TEMPLATE = (
-    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}[bot]{% endif %}"
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[bot]{% endif %}"
 )
 
 

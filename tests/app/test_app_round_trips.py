@@ -26,7 +26,10 @@ ROUND_TRIPS = {
     "tool_calls empty": {"role": "assistant", "content": "Hello", "tool_calls": []},
     "refusal and annotations": {"role": "assistant", "content": "Hello", "refusal": None, "annotations": []},
     "litellm message": {
-        "role": "assistant", "content": "Hello", "tool_calls": None, "function_call": None,
+        "role": "assistant",
+        "content": "Hello",
+        "tool_calls": None,
+        "function_call": None,
         "provider_specific_fields": {"refusal": None},
     },
 }

@@ -78,4 +78,3 @@ async def test_a_reading_client_is_never_timed_out(fake: FakeEngine, hf_tokenize
         metrics = (await client.get("/metrics")).text
     assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]")
     assert stalled_total(metrics) == 0
-

@@ -119,9 +119,10 @@ async def test_continuous_usage_stats_put_usage_so_far_on_every_chunk(client: ht
     chunks = await stream(client, COMPLETIONS, completion_body(stream_options=options))
     content = [c for c in chunks if c["choices"]]
     completion_tokens = [c["usage"]["completion_tokens"] for c in content]
-    assert completion_tokens == sorted(completion_tokens) and completion_tokens[-1] == chunks[-1]["usage"][
-        "completion_tokens"
-    ]
+    assert (
+        completion_tokens == sorted(completion_tokens)
+        and completion_tokens[-1] == chunks[-1]["usage"]["completion_tokens"]
+    )
     assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in content)
 
 

@@ -137,7 +137,9 @@ async def test_a_tool_round_trip_reaches_the_model(
         results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny, 21 C"} for c in message.tool_calls]
         fake.script = Script(pieces=["It is sunny."])
         second = await oai.chat.completions.create(
-            model=MODEL, messages=[*USER, message.model_dump(), *results], tools=[WEATHER, TIME]  # type: ignore[list-item,arg-type]
+            model=MODEL,
+            messages=[*USER, message.model_dump(), *results],
+            tools=[WEATHER, TIME],  # type: ignore[list-item,arg-type]
         )
     assert second.choices[0].message.content == "It is sunny." and second.choices[0].finish_reason == "stop"
     prompt = prompt_text(fake, hf_tokenizer)
@@ -161,8 +163,18 @@ BAD = [
     (chat_body(tools=[WEATHER], tool_choice="always"), "tool_choice"),
     (chat_body(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "response_format"),
     (chat_body(messages=[{"role": "tool", "content": "sunny"}]), "messages.0"),
-    (chat_body(messages=[{"role": "user", "content": "x", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]), "messages.0"),
+    (
+        chat_body(
+            messages=[
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        ),
+        "messages.0",
+    ),
     (chat_body(functions=[{"name": "f"}]), "functions"),
 ]
 

@@ -40,8 +40,12 @@ def greedy(model_dir: Path, prompt_ids: list[int], max_tokens: int, int8_dynamic
     model, tokenizer = load(str(model_dir), int8_dynamic)
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
         )
     start = 1 if model.config.is_encoder_decoder else len(prompt_ids)  # seq2seq outputs begin with the start token
     new = out.sequences[0, start:].tolist()

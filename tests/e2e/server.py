@@ -73,9 +73,22 @@ def start_server(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env_overrides or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "transformers_openai.main",
-        "--model", str(model), "--served-model-name", "test-model",
-        "--port", str(port), "--device", "cpu", "--dtype", "float32", "--torch-threads", "1", *args,
+        sys.executable,
+        "-m",
+        "transformers_openai.main",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "test-model",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--torch-threads",
+        "1",
+        *args,
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)

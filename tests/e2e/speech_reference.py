@@ -32,8 +32,13 @@ def generate_text(model_dir: Path, clip: Path) -> str:
     model, tokenizer, features = _load(str(model_dir))
     audio = samples(clip)
     long_form = audio.size > 30 * 16000
-    inputs = features(audio, sampling_rate=16000, return_tensors="pt", return_attention_mask=long_form,
-                      **({"truncation": False, "padding": "longest"} if long_form else {}))
+    inputs = features(
+        audio,
+        sampling_rate=16000,
+        return_tensors="pt",
+        return_attention_mask=long_form,
+        **({"truncation": False, "padding": "longest"} if long_form else {}),
+    )
     with torch.inference_mode():
         out = model.generate(inputs.input_features, attention_mask=inputs.get("attention_mask"), return_timestamps=True)
     return str(tokenizer.decode(out[0], skip_special_tokens=True)).strip()

@@ -78,8 +78,9 @@ def test_seeded_sample_is_the_same_alone_and_in_a_busy_batch(served: Served) -> 
 
     async def run() -> tuple[str, str]:
         client = async_client(server)
-        kwargs = dict(model=server.model, prompt="Once upon a time", max_tokens=24, temperature=1.0,
-                      top_p=0.9, seed=1234)
+        kwargs = dict(
+            model=server.model, prompt="Once upon a time", max_tokens=24, temperature=1.0, top_p=0.9, seed=1234
+        )
         try:
             alone = (await client.completions.create(**kwargs)).choices[0].text
             noise = [

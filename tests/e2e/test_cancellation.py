@@ -34,8 +34,14 @@ def test_disconnect_aborts_mid_generation_for_each_kind(served: Served) -> None:
     server = served.server
     url = f"{server.base_url}/completions"
     max_tokens = 400
-    body = {"model": "test-model", "prompt": "Count forever:", "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": "test-model",
+        "prompt": "Count forever:",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
 
     async def run() -> None:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -105,8 +111,14 @@ def test_200_requests_half_disconnecting_leave_no_state_and_no_growth(
     topics = ["cats", "rivers", "old maps", "winter", "bread", "trains", "stars", "the moon"]
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"model": "test-model", "prompt": f"A short note about {topics[i % len(topics)]} (#{i}):",
-                "max_tokens": 24, "temperature": 0.7, "seed": i, "stream": True}
+        body = {
+            "model": "test-model",
+            "prompt": f"A short note about {topics[i % len(topics)]} (#{i}):",
+            "max_tokens": 24,
+            "temperature": 0.7,
+            "seed": i,
+            "stream": True,
+        }
         async with client.stream("POST", url, json=body) as response:
             assert response.status_code == 200
             if i % 2:

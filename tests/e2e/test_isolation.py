@@ -35,7 +35,11 @@ async def test_top_k_2_pow_63_among_three_streams_is_one_400_and_three_normal_an
         await asyncio.sleep(0.2)  # while the three are decoding
         try:
             await client.completions.create(
-                model=tiny_server.model, prompt="x", max_tokens=8, temperature=1.0, stream=True,
+                model=tiny_server.model,
+                prompt="x",
+                max_tokens=8,
+                temperature=1.0,
+                stream=True,
                 extra_body={"top_k": 2**63},
             )
         except openai.BadRequestError as exc:

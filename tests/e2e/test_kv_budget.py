@@ -18,8 +18,10 @@ from tests.e2e.server import ServerProcess, start_server
 # The tiny Llama's K/V take 512 bytes a token: 200 KiB are 25 blocks of 16 tokens (one kept zero), 384 tokens.
 BUDGET = "200KiB"
 BLOCKS = 24
-PROMPTS = [f"Item {i}: a line about {topic} and nothing else" for i, topic in
-           enumerate(["rivers", "bread", "old maps", "winter", "trains", "stars", "the moon", "cats"])]
+PROMPTS = [
+    f"Item {i}: a line about {topic} and nothing else"
+    for i, topic in enumerate(["rivers", "bread", "old maps", "winter", "trains", "stars", "the moon", "cats"])
+]
 MAX_TOKENS = 60
 
 

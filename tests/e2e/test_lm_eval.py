@@ -30,8 +30,13 @@ WINDOW = 32
 def evaluate(model: str, model_args: dict[str, Any]) -> dict[str, Any]:
     tasks = TaskManager(include_path=str(TASKS_DIR))
     result = lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=[CHOICE, PERPLEXITY], task_manager=tasks, batch_size=1,
-        log_samples=True, bootstrap_iters=0,  # no standard errors: bootstrapping them takes longer than the model
+        model=model,
+        model_args=model_args,
+        tasks=[CHOICE, PERPLEXITY],
+        task_manager=tasks,
+        batch_size=1,
+        log_samples=True,
+        bootstrap_iters=0,  # no standard errors: bootstrapping them takes longer than the model
     )
     assert result is not None
     return result
@@ -54,11 +59,19 @@ def test_local_completions_scores_equal_the_hf_backend(
         hf = evaluate("hf", {"pretrained": str(smollm2_dir), "dtype": "float32", "device": "cpu", "max_length": WINDOW})
     finally:
         torch.set_num_threads(threads)
-    served = evaluate("local-completions", {
-        "model": smollm2_server.model, "base_url": f"{smollm2_server.base_url}/completions",
-        "tokenizer": str(smollm2_dir), "tokenizer_backend": "huggingface", "tokenized_requests": True,
-        "num_concurrent": 1, "max_retries": 1, "max_length": WINDOW + 2,
-    })
+    served = evaluate(
+        "local-completions",
+        {
+            "model": smollm2_server.model,
+            "base_url": f"{smollm2_server.base_url}/completions",
+            "tokenizer": str(smollm2_dir),
+            "tokenizer_backend": "huggingface",
+            "tokenized_requests": True,
+            "num_concurrent": 1,
+            "max_retries": 1,
+            "max_length": WINDOW + 2,
+        },
+    )
 
     # Multiple choice: every choice's loglikelihood (and whether it is the greedy continuation), then the scores.
     hf_docs, served_docs = by_doc(hf, CHOICE), by_doc(served, CHOICE)

@@ -25,8 +25,12 @@ def test_chat_streaming_equals_non_streaming(served: Served) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
     full = client.chat.completions.create(model="test-model", messages=messages, max_tokens=20, temperature=0)
     stream = client.chat.completions.create(
-        model="test-model", messages=messages, max_tokens=20, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model="test-model",
+        messages=messages,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -70,8 +74,14 @@ def test_stop_strings_cut_the_output(tiny_server: ServerProcess, tiny_llama_dir:
 def test_logprobs_and_n(served: Served) -> None:
     client = sync_client(served.server)
     chat = client.chat.completions.create(
-        model="test-model", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
-        logprobs=True, top_logprobs=3, n=2, temperature=0.8, seed=7,
+        model="test-model",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+        n=2,
+        temperature=0.8,
+        seed=7,
     )
     assert len(chat.choices) == 2
     for choice in chat.choices:
@@ -103,18 +113,24 @@ def test_errors_are_openai_errors(tiny_server: ServerProcess) -> None:
 def test_smollm2_answers_sensibly(smollm2_server: ServerProcess) -> None:
     client = sync_client(smollm2_server)
     chat = client.chat.completions.create(
-        model="test-model", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=30, temperature=0,
+        model="test-model",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=30,
+        temperature=0,
     )
     assert "Paris" in chat.choices[0].message.content
     assert chat.choices[0].finish_reason == "stop"
     stream = client.chat.completions.create(
-        model="test-model", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=30, temperature=0, stream=True,
+        model="test-model",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=30,
+        temperature=0,
+        stream=True,
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == chat.choices[0].message.content
-    completion = client.completions.create(model="test-model", prompt="The capital of France is", max_tokens=5,
-                                           temperature=0)
+    completion = client.completions.create(
+        model="test-model", prompt="The capital of France is", max_tokens=5, temperature=0
+    )
     assert "Paris" in completion.choices[0].text
 
 

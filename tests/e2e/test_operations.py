@@ -22,8 +22,18 @@ ORIGIN = "http://dashboard.example"
 @pytest.fixture(scope="module")
 def guarded(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
     server = start_server(
-        tiny_llama_dir, server_logs, "--max-batch-size", "2", "--max-queue", "1",
-        "--api-key", f"other-key,{KEY}", "--allowed-origins", ORIGIN, "--log-format", "json",
+        tiny_llama_dir,
+        server_logs,
+        "--max-batch-size",
+        "2",
+        "--max-queue",
+        "1",
+        "--api-key",
+        f"other-key,{KEY}",
+        "--allowed-origins",
+        ORIGIN,
+        "--log-format",
+        "json",
     )
     yield server
     server.stop()
@@ -48,8 +58,11 @@ def test_api_key_and_cors(guarded: ServerProcess) -> None:
     assert httpx.get(f"{guarded.root_url}/health").status_code == 200  # open by default
     preflight = httpx.options(
         f"{guarded.base_url}/chat/completions",
-        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization,content-type"},
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
     )
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ORIGIN

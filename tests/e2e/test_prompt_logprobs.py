@@ -74,8 +74,10 @@ def test_vllm_prompt_logprobs_on_both_endpoints(tiny_server: ServerProcess, tiny
     chat_url = f"{tiny_server.base_url}/chat/completions"
     chat = httpx.post(chat_url, json={**base, "messages": messages}, timeout=60).json()
     chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    for scored, ids in ((completion["choices"][0]["prompt_logprobs"], tokenizer(PROMPT).input_ids),
-                        (chat["prompt_logprobs"], list(chat_ids))):
+    for scored, ids in (
+        (completion["choices"][0]["prompt_logprobs"], tokenizer(PROMPT).input_ids),
+        (chat["prompt_logprobs"], list(chat_ids)),
+    ):
         expected = own_logprobs(tiny_llama_dir, ids)
         assert len(scored) == len(ids) and scored[0] is None
         for position, entry in enumerate(scored[1:], start=1):
@@ -87,9 +89,11 @@ def test_vllm_prompt_logprobs_on_both_endpoints(tiny_server: ServerProcess, tiny
             assert mine["decoded_token"] == tokenizer.decode([token])
             top = row.topk(3).indices.tolist()
             assert set(entry) == {str(t) for t in top} | {str(token)}
-    plain = httpx.post(f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "prompt_logprobs": None},
-                       timeout=60).json()
+    plain = httpx.post(
+        f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "prompt_logprobs": None}, timeout=60
+    ).json()
     assert "prompt_logprobs" not in plain["choices"][0]  # absent unless asked for
-    streamed = httpx.post(f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "stream": True},
-                          timeout=60)
+    streamed = httpx.post(
+        f"{tiny_server.base_url}/completions", json={**base, "prompt": PROMPT, "stream": True}, timeout=60
+    )
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"

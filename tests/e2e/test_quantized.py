@@ -23,8 +23,10 @@ pytestmark = pytest.mark.e2e
 
 # As in test_kv_budget.py: 200 KiB hold 24 blocks of 16 tokens of the tiny Llama, fewer than 8 rows of 72 tokens need.
 BUDGET = ["--max-batch-size", "8", "--kv-cache-memory", "200KiB"]
-PROMPTS = [f"Item {i}: a line about {topic} and nothing else" for i, topic in
-           enumerate(["rivers", "bread", "old maps", "winter", "trains", "stars", "the moon", "cats"])]
+PROMPTS = [
+    f"Item {i}: a line about {topic} and nothing else"
+    for i, topic in enumerate(["rivers", "bread", "old maps", "winter", "trains", "stars", "the moon", "cats"])
+]
 MAX_TOKENS = 60
 
 
@@ -173,11 +175,17 @@ def test_an_unquantized_model_says_none(tiny_server: ServerProcess) -> None:
     ],
 )
 def test_a_format_this_host_cannot_run_stops_the_start_with_a_clear_error(
-    tiny_llama_dir: Path, quantized_root: Path, server_logs: Path, claimed: dict[str, object] | None,
-    args: tuple[str, ...], message: str,
+    tiny_llama_dir: Path,
+    quantized_root: Path,
+    server_logs: Path,
+    claimed: dict[str, object] | None,
+    args: tuple[str, ...],
+    message: str,
 ) -> None:
-    model = tiny_llama_dir if claimed is None else with_quantization_config(
-        tiny_llama_dir, quantized_root / "claimed", claimed
+    model = (
+        tiny_llama_dir
+        if claimed is None
+        else with_quantization_config(tiny_llama_dir, quantized_root / "claimed", claimed)
     )
     with pytest.raises(RuntimeError, match="server exited with 1") as failed:
         start_server(model, server_logs, *args, timeout_s=120)
@@ -210,6 +218,7 @@ def test_smollm2_in_int8_scores_text_as_its_int8_model_alone(smollm2_dir: Path, 
     sends the rest of an answer another way.)"""
     server = start_server(smollm2_dir, server_logs, "--quantization", "int8-dynamic", "--max-batch-size", "8")
     try:
+
         async def score_all() -> list[list[float]]:
             client = async_client(server)
 

@@ -29,8 +29,11 @@ def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: Serv
     assert third.usage is not None and third.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
     # LiteLLM hands back its own message shape: nulls for what did not happen, and a key of its own.
     litellm_message = {
-        "role": "assistant", "content": third.choices[0].message.content, "tool_calls": None,
-        "function_call": None, "provider_specific_fields": {"refusal": None},
+        "role": "assistant",
+        "content": third.choices[0].message.content,
+        "tool_calls": None,
+        "function_call": None,
+        "provider_specific_fields": {"refusal": None},
     }
     messages += [litellm_message, {"role": "user", "content": "Bye."}]
     fourth = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)  # type: ignore[arg-type]

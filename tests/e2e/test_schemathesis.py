@@ -69,8 +69,12 @@ def fuzz(operation: schemathesis.APIOperation, mode: GenerationMode, answers: Co
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
-        max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-        suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate],
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
     )
     def run(case: schemathesis.Case) -> None:
         try:

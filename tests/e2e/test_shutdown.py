@@ -82,7 +82,11 @@ def signal_once(server: ServerProcess):  # type: ignore[no-untyped-def]
     ids=["second signal", "drain runs out of time"],
 )
 def test_a_forced_shutdown_ends_every_stream_with_an_error_event_and_exits_non_zero(
-    tiny_llama_dir: Path, server_logs: Path, shutdown_timeout: str, send_signals, logged: str  # type: ignore[no-untyped-def]
+    tiny_llama_dir: Path,
+    server_logs: Path,
+    shutdown_timeout: str,
+    send_signals,
+    logged: str,  # type: ignore[no-untyped-def]
 ) -> None:
     server = start_server(tiny_llama_dir, server_logs, "--shutdown-timeout", shutdown_timeout)
     try:

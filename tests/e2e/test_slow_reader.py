@@ -31,8 +31,14 @@ MARGIN_S = 3.0
 @pytest.fixture(scope="module")
 def stall_server(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
     server = start_server(
-        tiny_llama_dir, server_logs, "--max-batch-size", str(ROWS), "--max-queue", "8",
-        "--stream-stall-timeout", str(STALL_S),
+        tiny_llama_dir,
+        server_logs,
+        "--max-batch-size",
+        str(ROWS),
+        "--max-queue",
+        "8",
+        "--stream-stall-timeout",
+        str(STALL_S),
     )
     yield server
     server.stop()

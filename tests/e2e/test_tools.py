@@ -22,19 +22,33 @@ WEATHER_ARGS = {
 ORDER_ARGS = {
     "type": "object",
     "properties": {
-        "items": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
-            "name": {"type": "string", "maxLength": 30}, "count": {"type": "integer", "minimum": 1, "maximum": 9},
-        }, "required": ["name", "count"], "additionalProperties": False}},
+        "items": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 30},
+                    "count": {"type": "integer", "minimum": 1, "maximum": 9},
+                },
+                "required": ["name", "count"],
+                "additionalProperties": False,
+            },
+        },
         "express": {"type": "boolean"},
     },
     "required": ["items", "express"],
     "additionalProperties": False,
 }
 TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Today's weather in a city.",
-                                      "parameters": WEATHER_ARGS}},
-    {"type": "function", "function": {"name": "order_food", "description": "Orders food for delivery.",
-                                      "parameters": ORDER_ARGS}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Today's weather in a city.", "parameters": WEATHER_ARGS},
+    },
+    {
+        "type": "function",
+        "function": {"name": "order_food", "description": "Orders food for delivery.", "parameters": ORDER_ARGS},
+    },
 ]
 SCHEMAS = {"get_weather": WEATHER_ARGS, "order_food": ORDER_ARGS}
 QUESTIONS = ["What is the weather like in Paris?", "Order two pizzas and a salad, quickly.", "Hello there!"]
@@ -56,8 +70,12 @@ def test_required_and_named_choices_return_valid_calls(smollm2_server: ServerPro
     for question in QUESTIONS:
         for choice, allowed in (("required", set(SCHEMAS)), (named, {"order_food"})):
             request: dict[str, Any] = {
-                "model": "test-model", "messages": [{"role": "user", "content": question}], "tools": TOOLS,
-                "tool_choice": choice, "max_tokens": 300, "temperature": 0,
+                "model": "test-model",
+                "messages": [{"role": "user", "content": question}],
+                "tools": TOOLS,
+                "tool_choice": choice,
+                "max_tokens": 300,
+                "temperature": 0,
             }
             if stream:
                 with client.chat.completions.stream(**request) as events:

@@ -63,8 +63,9 @@ def test_every_format_through_the_openai_client(whisper_server: ServerProcess, a
 
 
 @pytest.mark.parametrize("name", SHORT)
-def test_one_window_equals_generate_alone(whisper_server: ServerProcess, whisper_dir: Path, audio_dir: Path,
-                                          name: str) -> None:
+def test_one_window_equals_generate_alone(
+    whisper_server: ServerProcess, whisper_dir: Path, audio_dir: Path, name: str
+) -> None:
     served = transcribe(whisper_server, audio_dir / name).text
     assert served == generate_text(whisper_dir, audio_dir / name)
 
@@ -124,9 +125,13 @@ def test_long_form_text_and_times(whisper_server: ServerProcess, whisper_dir: Pa
 def test_streamed_deltas_and_cues_join_to_the_response(whisper_server: ServerProcess, audio_dir: Path) -> None:
     clip = audio_dir / LONG
     full = transcribe(whisper_server, clip, response_format="verbose_json")
-    with httpx.stream("POST", f"{whisper_server.base_url}/audio/transcriptions", timeout=300,
-                      files={"file": clip.open("rb")},
-                      data={"model": MODEL, "stream": "true", "response_format": "srt"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{whisper_server.base_url}/audio/transcriptions",
+        timeout=300,
+        files={"file": clip.open("rb")},
+        data={"model": MODEL, "stream": "true", "response_format": "srt"},
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -155,8 +160,12 @@ def test_a_disconnect_mid_long_form_frees_its_rows(whisper_server: ServerProcess
     clip = (audio_dir / LONG).read_bytes()
     for stream in (False, True):
         try:
-            httpx.post(f"{whisper_server.base_url}/audio/transcriptions", timeout=1.5,
-                       files={"file": ("long.wav", clip)}, data={"model": MODEL, "stream": str(stream).lower()})
+            httpx.post(
+                f"{whisper_server.base_url}/audio/transcriptions",
+                timeout=1.5,
+                files={"file": ("long.wav", clip)},
+                data={"model": MODEL, "stream": str(stream).lower()},
+            )
         except httpx.ReadTimeout:
             pass
         else:
@@ -174,8 +183,12 @@ BAD_FIELDS = [
     ({"model": MODEL, "response_format": "xml"}, b"x", 400, "response_format"),
     ({"model": MODEL, "temperature": "2"}, b"x", 400, "temperature"),
     ({"model": MODEL, "timestamp_granularities[]": "word"}, b"x", 400, "timestamp_granularities"),
-    ({"model": MODEL, "timestamp_granularities[]": "char", "response_format": "verbose_json"}, b"x", 400,
-     "timestamp_granularities[]"),
+    (
+        {"model": MODEL, "timestamp_granularities[]": "char", "response_format": "verbose_json"},
+        b"x",
+        400,
+        "timestamp_granularities[]",
+    ),
     ({"model": MODEL, "language": "de"}, b"x", 400, "language"),
     ({"model": "whisper-large"}, b"x", 404, "model"),
     ({"model": MODEL}, b"", 400, "file"),
@@ -187,8 +200,9 @@ BAD_FIELDS = [
 
 
 @pytest.mark.parametrize(("fields", "content", "status", "param"), BAD_FIELDS)
-def test_bad_files_and_fields_get_their_4xx(whisper_server: ServerProcess, fields: dict, content: bytes | None,
-                                            status: int, param: str | None) -> None:
+def test_bad_files_and_fields_get_their_4xx(
+    whisper_server: ServerProcess, fields: dict, content: bytes | None, status: int, param: str | None
+) -> None:
     files = None if content is None else {"file": ("clip.wav", content)}
     response = httpx.post(f"{whisper_server.base_url}/audio/transcriptions", data=fields, files=files, timeout=60)
     assert response.status_code == status, response.text
@@ -196,8 +210,9 @@ def test_bad_files_and_fields_get_their_4xx(whisper_server: ServerProcess, field
     assert error["param"] == param and error["message"]
 
 
-def test_kinds_refuse_each_others_endpoints(whisper_server: ServerProcess, tiny_server: ServerProcess,
-                                            audio_dir: Path) -> None:
+def test_kinds_refuse_each_others_endpoints(
+    whisper_server: ServerProcess, tiny_server: ServerProcess, audio_dir: Path
+) -> None:
     with pytest.raises(openai.BadRequestError, match="speech recognition model"):
         sync_client(whisper_server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError, match="cannot translate"), (audio_dir / "flite-s1.wav").open("rb") as f:
@@ -211,8 +226,11 @@ def test_kinds_refuse_each_others_endpoints(whisper_server: ServerProcess, tiny_
 def test_metrics_count_audio(whisper_server: ServerProcess, audio_dir: Path) -> None:
     def scrape() -> dict[str, float]:
         text = httpx.get(f"{whisper_server.root_url}/metrics", timeout=10).text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith("transformers_openai:") and " " in line}
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("transformers_openai:") and " " in line
+        }
 
     before = scrape()
     transcribe(whisper_server, audio_dir / "flite-s1.wav")
@@ -224,7 +242,8 @@ def test_metrics_count_audio(whisper_server: ServerProcess, audio_dir: Path) -> 
     assert value(after, "audio_seconds_total") - value(before, "audio_seconds_total") == pytest.approx(2.965, abs=0.01)
     assert value(after, "audio_real_time_factor_count") == value(before, "audio_real_time_factor_count") + 1
     assert value(after, 'requests_total{endpoint="transcriptions"') >= 1 + value(
-        before, 'requests_total{endpoint="transcriptions"')
+        before, 'requests_total{endpoint="transcriptions"'
+    )
 
 
 def test_a_full_server_answers_429_and_a_running_long_form_is_never_refused(
@@ -266,8 +285,9 @@ def test_a_full_server_answers_429_and_a_running_long_form_is_never_refused(
         statuses = {a.status_code for a in answers}
         assert statuses <= {200, 429} and 429 in statuses, statuses
         refused = [a for a in answers if a.status_code == 429]
-        assert all(int(a.headers["retry-after"]) >= 1 and a.json()["error"]["code"] == "server_overloaded"
-                   for a in refused)
+        assert all(
+            int(a.headers["retry-after"]) >= 1 and a.json()["error"]["code"] == "server_overloaded" for a in refused
+        )
     finally:
         server.stop()
 

@@ -15,8 +15,22 @@ import host_cost  # noqa: E402
 
 def test_host_cost_measures_both_steps_per_batch(tmp_path: Path) -> None:
     out = tmp_path / "host.json"
-    args = ["--layers", "2", "--vocab", "512", "--batch", "1,3", "--steps", "4", "--repeat", "2",
-            "--model-dir", str(tmp_path / "model"), "--json", str(out)]
+    args = [
+        "--layers",
+        "2",
+        "--vocab",
+        "512",
+        "--batch",
+        "1,3",
+        "--steps",
+        "4",
+        "--repeat",
+        "2",
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--json",
+        str(out),
+    ]
     assert host_cost.main(args) == 0
     report = json.loads(out.read_text())
     assert (report["layers"], report["hidden"], report["vocab"]) == (2, 64, 512)

@@ -15,8 +15,18 @@ import prefix_ttft  # noqa: E402
 
 def test_kv_memory_reports_the_pool_and_preempts_under_a_small_budget(tiny_llama_dir: Path) -> None:
     # The tiny Llama's K/V take 512 bytes a token: 64 KiB are 7 blocks of 16 tokens, less than 3 x (20 + 30).
-    args = ["--model", str(tiny_llama_dir), "--short", "2", "--long-tokens", "40", "--max-tokens", "30",
-            "--kv-cache-memory", "64KiB"]
+    args = [
+        "--model",
+        str(tiny_llama_dir),
+        "--short",
+        "2",
+        "--long-tokens",
+        "40",
+        "--max-tokens",
+        "30",
+        "--kv-cache-memory",
+        "64KiB",
+    ]
     report = kv_memory.run(kv_memory.parse_args(args))
     pool = report["kv_pool"]
     assert pool["blocks"] == 7 and pool["block_size"] == 16

@@ -166,8 +166,11 @@ def test_prompt_logprobs_equal_the_models_log_softmax(model, tokenizer, requests
     scheduler = Scheduler(max_running=4, max_waiting=16, max_prefill_tokens=7 if chunked else 4096)
     core = EngineCore(runner, tokenizer, scheduler, frozenset({tokenizer.eos_token_id}))
     scored = [
-        EngineRequest("one-token", requests[1].prompt_token_ids, SamplingParams(max_tokens=1, temperature=0.0,
-                                                                              logprobs=2, prompt_logprobs=2)),
+        EngineRequest(
+            "one-token",
+            requests[1].prompt_token_ids,
+            SamplingParams(max_tokens=1, temperature=0.0, logprobs=2, prompt_logprobs=2),
+        ),
         EngineRequest("no-tokens", requests[7].prompt_token_ids, SamplingParams(max_tokens=0, prompt_logprobs=0)),
     ]
     outputs: dict[str, list] = {}

@@ -46,8 +46,9 @@ def _resident_bytes_of(path: Path, model: torch.nn.Module) -> int:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
                 start, end = (int(address, 16) for address in fields[0].split("-"))
-                counted = (len(fields) >= 6 and fields[5] == str(path)
-                           and any(start <= address < end for address in addresses))
+                counted = (
+                    len(fields) >= 6 and fields[5] == str(path) and any(start <= address < end for address in addresses)
+                )
             elif counted and fields[0] == "Rss:":
                 total += int(fields[1]) * 1024
     return total
@@ -60,8 +61,9 @@ def test_packing_gives_back_the_file_pages_of_the_packed_weights(tiny_llama_dir:
     with torch.inference_mode():
         model(torch.tensor([[1, 2, 3]]))  # every weight read once: its pages resident
     linear_bytes = sum(m.weight.nbytes for m in model.modules() if type(m) is torch.nn.Linear)
-    other_bytes = sum(p.nbytes for n, p in model.named_parameters() if not n.endswith("proj.weight")
-                      and not n.startswith("lm_head"))
+    other_bytes = sum(
+        p.nbytes for n, p in model.named_parameters() if not n.endswith("proj.weight") and not n.startswith("lm_head")
+    )
     before = _resident_bytes_of(weights, model)
     assert before >= linear_bytes  # the map is there, its pages resident
     assert pack_linear_layers(model) > 0
@@ -102,8 +104,9 @@ def test_batched_greedy_on_a_packed_model_equals_its_generate_alone(plain_and_pa
             tokens[output.request_id].extend(output.token_ids)
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])
-        expected = packed.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
-                                   do_sample=False)[0, len(prompt):].tolist()
+        expected = packed.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10, do_sample=False
+        )[0, len(prompt) :].tolist()
         assert tokens[f"r{i}"] == expected, i
 
 
@@ -121,8 +124,12 @@ def test_a_packed_t5_gives_the_plain_models_logits() -> None:
     ids = torch.randint(0, plain.config.vocab_size, (2, 13), generator=generator)
     decoder_ids = torch.randint(0, plain.config.vocab_size, (2, 5), generator=generator)
     with torch.inference_mode():
-        torch.testing.assert_close(packed(input_ids=ids, decoder_input_ids=decoder_ids).logits,
-                                   plain(input_ids=ids, decoder_input_ids=decoder_ids).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            packed(input_ids=ids, decoder_input_ids=decoder_ids).logits,
+            plain(input_ids=ids, decoder_input_ids=decoder_ids).logits,
+            rtol=1e-4,
+            atol=1e-4,
+        )
 
 
 def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> None:
@@ -139,9 +146,12 @@ def test_a_packed_whisper_gives_the_plain_models_logits(whisper_dir: Path) -> No
     features = torch.randn(1, plain.config.num_mel_bins, 3000, generator=generator)
     decoder_ids = torch.tensor([[plain.config.decoder_start_token_id, 50362, 464, 3290]])
     with torch.inference_mode():
-        torch.testing.assert_close(packed(input_features=features, decoder_input_ids=decoder_ids).logits,
-                                   plain(input_features=features, decoder_input_ids=decoder_ids).logits,
-                                   rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(
+            packed(input_features=features, decoder_input_ids=decoder_ids).logits,
+            plain(input_features=features, decoder_input_ids=decoder_ids).logits,
+            rtol=1e-3,
+            atol=1e-3,
+        )
 
 
 @pytest.mark.parametrize("shape", [(5, 16), (2, 300, 16)])

@@ -76,9 +76,10 @@ def llama_tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
 
 def llama_reference(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:  # type: ignore[no-untyped-def]
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 PROMPTS = [list(range(10 + i, 10 + i + n)) for i, n in enumerate([9, 3, 14, 6, 11])]
@@ -147,8 +148,7 @@ def test_t5_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama_tok
     requests = [EngineRequest(f"t{i}", [], greedy(), {"input_ids": ids}) for i, ids in enumerate(inputs)]
     tokens = run(core, requests)
     for req, ids in zip(requests, inputs, strict=True):
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                             do_sample=False)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
         assert tokens[req.request_id] == out[0, 1:].tolist()  # after the decoder start token
     assert observer.preemptions > 0
     assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
@@ -161,10 +161,21 @@ def tiny_whisper():  # type: ignore[no-untyped-def]
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
     config = WhisperConfig(
-        vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
-        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50,
-        eos_token_id=51, pad_token_id=51, bos_token_id=51,
+        vocab_size=96,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=50,
+        eos_token_id=51,
+        pad_token_id=51,
+        bos_token_id=51,
     )
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).eval()
@@ -179,7 +190,7 @@ def whisper_reference(model, features: torch.Tensor, prefix: list[int]) -> list[
     for _ in range(NEW_TOKENS):
         logits = model(input_features=features[None], decoder_input_ids=torch.tensor([tokens])).logits[0, -1]
         tokens.append(int(logits.argmax()))
-    return tokens[len(prefix):]
+    return tokens[len(prefix) :]
 
 
 def test_whisper_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama_tokenizer) -> None:

@@ -22,16 +22,32 @@ from transformers_openai.serving.tool_formats import FORMATS, HERMES, ToolFormat
 from transformers_openai.serving.tool_parser import parse_answer
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
-        "required": ["city", "unit"], "additionalProperties": False,
-    }}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object",
-        "properties": {"numbers": {"type": "array", "items": {"type": "integer", "maximum": 999}, "maxItems": 4}},
-        "required": ["numbers"], "additionalProperties": False,
-    }}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "numbers": {"type": "array", "items": {"type": "integer", "maximum": 999}, "maxItems": 4}
+                },
+                "required": ["numbers"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "now"}},  # no parameters: no arguments
 ]
 SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}

@@ -39,23 +39,43 @@ def streamed(tool_format: ToolFormat, pieces: list[str]) -> tuple[ParsedAnswer, 
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, {"unit": "}C"}]}}'
 CASES = [
-    (HERMES, f"<tool_call>\n{WEATHER}\n</tool_call>", None,
-     [("get_weather", {"city": "Paris", "days": [1, {"unit": "}C"}]})]),
-    (HERMES, f"Let me look.\n<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n"
-     '{"arguments": {}, "name": "now"}\n</tool_call>\n', "Let me look.",
-     [("get_weather", {"city": "Paris", "days": [1, {"unit": "}C"}]}), ("now", {})]),
+    (
+        HERMES,
+        f"<tool_call>\n{WEATHER}\n</tool_call>",
+        None,
+        [("get_weather", {"city": "Paris", "days": [1, {"unit": "}C"}]})],
+    ),
+    (
+        HERMES,
+        f"Let me look.\n<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n"
+        '{"arguments": {}, "name": "now"}\n</tool_call>\n',
+        "Let me look.",
+        [("get_weather", {"city": "Paris", "days": [1, {"unit": "}C"}]}), ("now", {})],
+    ),
     (HERMES, "A plain answer, with a < and a <tool too.", "A plain answer, with a < and a <tool too.", []),
     (HERMES, "<tool_call>\nnot JSON\n</tool_call> and after", "<tool_call>\nnot JSON\n</tool_call> and after", []),
     (HERMES, '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>', None, [("f", {"a": 1})]),
     (HERMES, '<tool_call>\n{"name": "f"}\n</tool_call>', None, [("f", {})]),
-    (HERMES, '<tool_call>\n{"name": "doc", "arguments": {"text": "ends with </tool_call>"}}\n</tool_call> Done.',
-     "Done.", [("doc", {"text": "ends with </tool_call>"})]),
-    (LLAMA3_JSON, '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}', None,
-     [("f", {"x": 1}), ("g", {})]),
+    (
+        HERMES,
+        '<tool_call>\n{"name": "doc", "arguments": {"text": "ends with </tool_call>"}}\n</tool_call> Done.',
+        "Done.",
+        [("doc", {"text": "ends with </tool_call>"})],
+    ),
+    (
+        LLAMA3_JSON,
+        '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}',
+        None,
+        [("f", {"x": 1}), ("g", {})],
+    ),
     (LLAMA3_JSON, ' {"name": "f", "parameters": {"x": "a;b"}}', None, [("f", {"x": "a;b"})]),
     (LLAMA3_JSON, "Hello {there}", "Hello {there}", []),
-    (MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {"q": "a\\"b]"}}, {"name": "g", "arguments": {}}]', None,
-     [("f", {"q": 'a"b]'}), ("g", {})]),
+    (
+        MISTRAL,
+        '[TOOL_CALLS][{"name": "f", "arguments": {"q": "a\\"b]"}}, {"name": "g", "arguments": {}}]',
+        None,
+        [("f", {"q": 'a"b]'}), ("g", {})],
+    ),
     (MISTRAL, "No calls here.", "No calls here.", []),
 ]
 

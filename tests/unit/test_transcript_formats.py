@@ -13,13 +13,23 @@ from transformers_openai.serving.transcript_formats import Transcript, clock, re
 
 def segment(i: int, start: float, end: float, text: str) -> TranscriptionSegment:
     return TranscriptionSegment(
-        id=i, seek=0, start=start, end=end, text=text, tokens=[1, 2], temperature=0.0,
-        avg_logprob=-0.2, compression_ratio=1.3, no_speech_prob=0.01,
+        id=i,
+        seek=0,
+        start=start,
+        end=end,
+        text=text,
+        tokens=[1, 2],
+        temperature=0.0,
+        avg_logprob=-0.2,
+        compression_ratio=1.3,
+        no_speech_prob=0.01,
     )
 
 
 TRANSCRIPT = Transcript(
-    task="transcribe", language="en", duration=61.48,
+    task="transcribe",
+    language="en",
+    duration=61.48,
     segments=[segment(0, 0.0, 3.0, " Hello there."), segment(1, 3.0, 61.2, " Second --> line\n\nhere.")],
 )
 
@@ -33,8 +43,10 @@ def test_clock_splits_whole_milliseconds() -> None:
 def test_json_and_verbose_json() -> None:
     body = render(TRANSCRIPT, "json", False)
     assert isinstance(body, Transcription)
-    assert body.model_dump() == {"text": "Hello there. Second --> line\n\nhere.",
-                                 "usage": {"type": "duration", "seconds": 62}}
+    assert body.model_dump() == {
+        "text": "Hello there. Second --> line\n\nhere.",
+        "usage": {"type": "duration", "seconds": 62},
+    }
     verbose = render(TRANSCRIPT, "verbose_json", False)
     assert isinstance(verbose, TranscriptionVerbose)
     dumped = verbose.model_dump(exclude_none=True)
@@ -57,5 +69,6 @@ def test_vtt_parses_back() -> None:
     assert isinstance(body, str) and body.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:03.000\nHello there.\n\n")
     cues = webvtt.from_buffer(io.StringIO(body)).captions
     assert [(c.start, c.end, c.text) for c in cues] == [
-        ("00:00:00.000", "00:00:03.000", "Hello there."), ("00:00:03.000", "00:01:01.200", "Second -> line here."),
+        ("00:00:00.000", "00:00:03.000", "Hello there."),
+        ("00:00:03.000", "00:01:01.200", "Second -> line here."),
     ]

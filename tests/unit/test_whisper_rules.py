@@ -20,7 +20,10 @@ VOCAB = 200
 EOT, SOT, NO_TIMESTAMPS = 100, 101, 110
 BEGIN = NO_TIMESTAMPS + 1  # timestamps 111..199
 TOKENS = WhisperRuleTokens(
-    eot=EOT, no_timestamps=NO_TIMESTAMPS, suppress=(3, 5, SOT, 105), begin_suppress=(7, EOT),
+    eot=EOT,
+    no_timestamps=NO_TIMESTAMPS,
+    suppress=(3, 5, SOT, 105),
+    begin_suppress=(7, EOT),
     max_initial_timestamp_index=10,
 )
 PREFIX = [SOT]
@@ -34,7 +37,9 @@ class Row:
 
 def hf_processors() -> list:
     config = GenerationConfig(
-        no_timestamps_token_id=NO_TIMESTAMPS, eos_token_id=EOT, max_initial_timestamp_index=10,
+        no_timestamps_token_id=NO_TIMESTAMPS,
+        eos_token_id=EOT,
+        max_initial_timestamp_index=10,
     )
     begin = len(PREFIX)
     return [

@@ -25,10 +25,21 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def model() -> WhisperForConditionalGeneration:
     config = WhisperConfig(
-        vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
-        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=SOT,
-        eos_token_id=EOT, pad_token_id=EOT, bos_token_id=EOT,
+        vocab_size=96,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=SOT,
+        eos_token_id=EOT,
+        pad_token_id=EOT,
+        bos_token_id=EOT,
     )
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).eval()

@@ -6,12 +6,24 @@ from transformers_openai.serving.whisper_tokens import WhisperTokens, language_n
 
 # tiny.en's layout: English-only, no language or task in the prefix.
 ENGLISH = WhisperTokens(
-    sot=50257, eot=50256, sot_prev=50360, no_timestamps=50362, no_speech=50361, transcribe=50358, translate=50357,
+    sot=50257,
+    eot=50256,
+    sot_prev=50360,
+    no_timestamps=50362,
+    no_speech=50361,
+    transcribe=50358,
+    translate=50357,
     languages={},
 )
 # A multilingual layout (large-v3 style ids; only the layout matters).
 MULTI = WhisperTokens(
-    sot=50258, eot=50257, sot_prev=50362, no_timestamps=50364, no_speech=50363, transcribe=50360, translate=50359,
+    sot=50258,
+    eot=50257,
+    sot_prev=50362,
+    no_timestamps=50364,
+    no_speech=50363,
+    transcribe=50360,
+    translate=50359,
     languages={"en": 50259, "de": 50261},
 )
 

@@ -97,7 +97,9 @@ class EngineCore:
         self._set_aside(seq)
         self.scheduler.pause(seq)
         logger.info(
-            "request %s paused after %d tokens: its client is not reading them", request_id, len(seq.output_ids),
+            "request %s paused after %d tokens: its client is not reading them",
+            request_id,
+            len(seq.output_ids),
             extra={"request_id": request_id},
         )
         return True
@@ -174,8 +176,12 @@ class EngineCore:
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
         scheduler = self.scheduler
-        seqs = [*scheduler.running.values(), *scheduler.prefilling.values(), *scheduler.waiting.values(),
-                *scheduler.paused.values()]
+        seqs = [
+            *scheduler.running.values(),
+            *scheduler.prefilling.values(),
+            *scheduler.waiting.values(),
+            *scheduler.paused.values(),
+        ]
         return self._fail(seqs, exc)
 
     def _make_room(self, outputs: list[RequestOutput]) -> int:
@@ -191,8 +197,9 @@ class EngineCore:
             if len(holders) == 1:
                 outputs.extend(self._fail([victim], MemoryError("the K/V cache cannot hold this request")))
                 continue
-            logger.info("request %s preempted after %d tokens: K/V cache full", victim.request_id,
-                        len(victim.output_ids))
+            logger.info(
+                "request %s preempted after %d tokens: K/V cache full", victim.request_id, len(victim.output_ids)
+            )
             self._set_aside(victim)
             self.scheduler.requeue(victim)
             preempted += 1
@@ -393,15 +400,22 @@ class EngineCore:
         if aborted is not None:
             logger.info(
                 "request %s aborted after %d tokens (%s)",
-                seq.request_id, stats.completion_tokens, aborted,
+                seq.request_id,
+                stats.completion_tokens,
+                aborted,
                 extra={"request": asdict(stats), "request_id": seq.request_id},
             )
             return
         logger.info(
             "request %s finished: prompt_tokens=%d completion_tokens=%d queue=%.3fs ttft=%.3fs "
             "tokens_per_s=%.1f finish_reason=%s",
-            seq.request_id, stats.prompt_tokens, stats.completion_tokens, stats.queue_time_s,
-            stats.time_to_first_token_s or 0.0, stats.decode_tokens_per_s, stats.finish_reason,
+            seq.request_id,
+            stats.prompt_tokens,
+            stats.completion_tokens,
+            stats.queue_time_s,
+            stats.time_to_first_token_s or 0.0,
+            stats.decode_tokens_per_s,
+            stats.finish_reason,
             extra={"request": asdict(stats), "request_id": seq.request_id},
         )
 

@@ -50,9 +50,7 @@ class Sequence:
         )
         self._eos = frozenset() if params.ignore_eos else stop_token_ids
         self._max_tokens = min(params.max_tokens, max_total_len)
-        self._detokenizer = IncrementalDetokenizer(
-            tokenizer, params.skip_special_tokens, context=decoder_prompt
-        )
+        self._detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, context=decoder_prompt)
         self._stop = StopMatcher(params.stop)
         self.last_gap_s: float | None = None
         self.arrival = time.monotonic()
@@ -78,11 +76,13 @@ class Sequence:
         """Its row was taken back: it will be prefilled again, over its prompt and the tokens it has so far."""
         earlier, request = self.prefill, self.request
         if self.output_ids:  # its prompt was scored already, and reported with its first token
-            self.prefill = PrefillJob([*request.prompt_token_ids, *self.output_ids], request.encoder_inputs,
-                                      info=earlier.info)
+            self.prefill = PrefillJob(
+                [*request.prompt_token_ids, *self.output_ids], request.encoder_inputs, info=earlier.info
+            )
         else:  # taken back mid-prefill: it starts over, prompt scoring included
-            self.prefill = PrefillJob(request.prompt_token_ids, request.encoder_inputs,
-                                      prompt_logprobs=request.params.prompt_logprobs)
+            self.prefill = PrefillJob(
+                request.prompt_token_ids, request.encoder_inputs, prompt_logprobs=request.params.prompt_logprobs
+            )
         self.slot = None
         self.preemptions += 1
 

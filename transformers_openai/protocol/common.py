@@ -19,7 +19,6 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -149,9 +149,7 @@ class ChatMessage(Tolerant):
 
 
 # Fields OpenAI's API makes nullable: null means the default.
-_NULL_MEANS_DEFAULT = frozenset(
-    {"n", "stream", "logprobs", "echo", "ignore_eos", "min_tokens", "skip_special_tokens"}
-)
+_NULL_MEANS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "ignore_eos", "min_tokens", "skip_special_tokens"})
 
 
 # SGLang's and vLLM's fields that vLLM's router (vllm-router, forked from SGLang's) writes into every request it
@@ -424,7 +422,6 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
             raise ValueError("prompt must not be empty")
         return value
-
 
     @field_validator("best_of")
     @classmethod

@@ -185,8 +185,7 @@ class GenerationHandler(Generic[RequestT]):
             room = limit
         if room < 1:
             raise BadRequestError(
-                f"the prompt is {prompt_len} tokens long but the model's context is {limit} tokens; "
-                "shorten the prompt",
+                f"the prompt is {prompt_len} tokens long but the model's context is {limit} tokens; shorten the prompt",
                 param=_prompt_param(request),
                 code="context_length_exceeded",
             )
