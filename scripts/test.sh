@@ -29,6 +29,7 @@ fi
 if ! command -v g++ >/dev/null && ! command -v c++ >/dev/null; then
   apt_install g++ "torch.compile builds its CPU kernels with it (tests/unit/test_fixed_steps.py)"
 fi
+ruff format --check transformers_openai tests stress-test scripts
 ruff check transformers_openai tests stress-test scripts
 clang-format --dry-run -Werror transformers_openai/runners/csrc/*.cpp
 mypy transformers_openai
