@@ -38,6 +38,7 @@ from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.parallel.checks import tensor_parallel_problem
 from transformers_openai.parallel.leader import Leader
 from transformers_openai.parallel.ranks import Ranks, join_ranks
+from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
@@ -202,7 +203,7 @@ def load_serving_context(
     phases.done("config and tokenizer")
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
-    ranks = _join_ranks(settings, config, kind)
+    ranks = _join_ranks(settings, config, kind, leader.rendezvous if leader is not None else None)
     model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels.
@@ -339,7 +340,9 @@ def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
     return ranks, runner.executor
 
 
-def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str) -> Ranks | None:
+def _join_ranks(
+    settings: Settings, config: PretrainedConfig, kind: str, rendezvous: LoopbackRendezvous | None = None
+) -> Ranks | None:
     """With --tensor-parallel-size > 1: the model and settings checked, then this process joined to its ranks."""
     size, quantization = settings.tensor_parallel_size, settings.quantization
     problem = tensor_parallel_problem(config, kind, size, quantization, settings.gguf_file, settings.device_map)
@@ -347,7 +350,7 @@ def _join_ranks(settings: Settings, config: PretrainedConfig, kind: str) -> Rank
         raise ValueError(problem)
     if size == 1:
         return None
-    return join_ranks(size)
+    return join_ranks(size, rendezvous)
 
 
 def _load_model(

@@ -11,13 +11,8 @@ import pytest
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from tests.listening_sockets import ANY_ADDRESS, listening
-from transformers_openai.parallel.rendezvous import (
-    ENV_STORE_PREFIX,
-    LOOPBACK,
-    LoopbackRendezvous,
-    prepare_rendezvous,
-    take_rendezvous,
-)
+from transformers_openai.parallel.leader import Leader
+from transformers_openai.parallel.rendezvous import ENV_STORE_PREFIX, LOOPBACK, LoopbackRendezvous
 
 WAIT = timedelta(seconds=20)  # a key looked for under another name fails the test, rather than hanging it
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/net/tcp"), reason="reads /proc (Linux)")
@@ -55,9 +50,6 @@ def test_the_store_listens_on_loopback_alone_and_serves_the_other_ranks() -> Non
         rendezvous.store(2)
 
 
-def test_only_the_process_that_prepared_it_takes_it_and_only_once() -> None:
-    assert take_rendezvous() is None  # under torchrun and in ranks 1..N-1: env://
-    prepared = prepare_rendezvous()
-    assert take_rendezvous() is prepared
-    assert take_rendezvous() is None
-    prepared.store(1)
+def test_under_torchrun_the_leader_has_no_rendezvous_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")  # torchrun started the ranks: they meet at its store (env://)
+    assert Leader.start(2, []).rendezvous is None

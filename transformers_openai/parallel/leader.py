@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from transformers_openai.parallel.lockstep import LockstepExecutor
 from transformers_openai.parallel.processes import RankProcesses
 from transformers_openai.parallel.ranks import Ranks
+from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.runners.paged_step import StepExecutor
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,11 @@ class Leader:
     def start(cls, size: int, argv: Sequence[str]) -> Leader:
         """Under torchrun the other ranks exist already; otherwise this process starts them."""
         return cls(None if "RANK" in os.environ else RankProcesses.start(size, argv))
+
+    @property
+    def rendezvous(self) -> LoopbackRendezvous | None:
+        """Where the ranks this process started meet (None under torchrun, whose store they use)."""
+        return None if self._processes is None else self._processes.rendezvous
 
     def lead(self, local: StepExecutor, ranks: Ranks) -> LockstepExecutor:
         """The executor the runner uses from now on: every call it runs runs on every rank."""

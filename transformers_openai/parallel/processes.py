@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from transformers_openai.logs import flush_logs
-from transformers_openai.parallel.rendezvous import prepare_rendezvous
+from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +26,9 @@ POLL_S = 0.2
 class RankProcesses:
     """Ranks 1..size-1 as child processes of this one (rank 0), watched from a thread."""
 
-    def __init__(self, children: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(self, children: list[subprocess.Popen[bytes]], rendezvous: LoopbackRendezvous) -> None:
         self._children = children
+        self.rendezvous = rendezvous  # the group's store, which this process serves once it joins (`join_ranks`)
         self._stopping = False
         threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
 
@@ -35,7 +36,8 @@ class RankProcesses:
     def start(cls, size: int, argv: Sequence[str]) -> RankProcesses:
         """Sets this process up as rank 0 of `size` and starts the others with the same arguments; they meet at a
         store on 127.0.0.1 that this process serves (see `rendezvous`)."""
-        group = prepare_rendezvous().env(size)
+        rendezvous = LoopbackRendezvous()
+        group = rendezvous.env(size)
         if sys.platform == "linux" and "GLOO_SOCKET_IFNAME" not in os.environ:
             group["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks on this machine: gloo need not guess from the host name
         os.environ.update(group, RANK="0", LOCAL_RANK="0")
@@ -47,7 +49,7 @@ class RankProcesses:
             for rank in range(1, size)
         ]
         logger.info("started ranks 1..%d (pids %s)", size - 1, ", ".join(str(c.pid) for c in children))
-        return cls(children)
+        return cls(children, rendezvous)
 
     def _watch(self) -> None:
         while not self._stopping:

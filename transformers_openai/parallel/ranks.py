@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from transformers_openai.parallel.rendezvous import take_rendezvous
+from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 
 # A rank waits for rank 0's next call as long as the server is idle; a rank that dies is noticed by its peers'
 # broken connections and by the launcher, not by this timeout.
@@ -46,10 +46,10 @@ class Ranks:
         return int(tensor.item())
 
 
-def join_ranks(size: int) -> Ranks:
+def join_ranks(size: int, rendezvous: LoopbackRendezvous | None = None) -> Ranks:
     """Joins the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which our
     launcher sets the same way; on a GPU machine each rank takes the GPU LOCAL_RANK names. Rank 0 of a server that
-    started its own ranks serves the group's store on loopback (`rendezvous`); the others connect to it."""
+    started its own ranks serves the group's store on loopback (its `rendezvous`); the others connect to it."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != size:
         raise RuntimeError(
@@ -61,7 +61,6 @@ def join_ranks(size: int) -> Ranks:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             backend = "nccl"
-        rendezvous = take_rendezvous()
         if rendezvous is None:
             dist.init_process_group(backend)  # env://: torchrun's store, or a client of our rank 0's
         else:

@@ -46,22 +46,3 @@ class LoopbackRendezvous:
         self._socket = None
         server = TCPStore(LOOPBACK, self.port, size, True, timeout, master_listen_fd=fd)
         return PrefixStore(ENV_STORE_PREFIX, server)
-
-
-# Rank 0 of a self-launched server: the rendezvous its launcher prepared, until `join_ranks` takes it. A process
-# holds one group, made once, so one slot is enough.
-_prepared: LoopbackRendezvous | None = None
-
-
-def prepare_rendezvous() -> LoopbackRendezvous:
-    """Rank 0, before it starts the other ranks: the loopback socket the group's store will serve."""
-    global _prepared
-    _prepared = LoopbackRendezvous()
-    return _prepared
-
-
-def take_rendezvous() -> LoopbackRendezvous | None:
-    """What `prepare_rendezvous` made in this process, once; None under torchrun and in the other ranks."""
-    global _prepared
-    prepared, _prepared = _prepared, None
-    return prepared
