@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from transformers_openai.engine.stop_matcher import StopMatcher
+from transformers_openai.engine.stop_matcher import StopAutomata, StopMatcher
 
 
 def run(stops: list[str], deltas: list[str]) -> tuple[str, bool]:
@@ -222,7 +222,8 @@ def test_64_long_stops_with_an_8k_tail_cost_about_what_one_short_stop_costs() ->
 
 def test_matchers_with_the_same_stops_share_one_automaton_and_keep_their_own_state() -> None:
     stops = ["</a>", "</b>"]
-    first, second = StopMatcher(stops), StopMatcher(("</a>", "", "</b>"))
+    automata = StopAutomata()
+    first, second = StopMatcher(stops, automata), StopMatcher(("</a>", "", "</b>"), automata)
     assert first._automaton is second._automaton  # built once for a request's n choices
     assert first.push("x</") == "x"
     assert second.push("y</b") == "y"

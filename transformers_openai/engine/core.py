@@ -25,6 +25,7 @@ from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
 from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
+from transformers_openai.engine.stop_matcher import StopAutomata
 from transformers_openai.runners.base import DecodeRows, ModelRunner, PrefillJob
 from transformers_openai.runners.block_table import BlockTable
 
@@ -65,6 +66,7 @@ class EngineCore:
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
         self._sampler = Sampler(runner.logits_processors)
+        self._stop_automata = StopAutomata()
         self.observer: EngineObserver = observer or NullObserver()
 
     def on_engine_thread(self) -> None:
@@ -74,7 +76,7 @@ class EngineCore:
 
     def add(self, request: EngineRequest) -> None:
         limit = self.runner.output_limit(len(request.prompt_token_ids))
-        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit)
+        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self._stop_automata)
         seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
         self.scheduler.add(seq)
 

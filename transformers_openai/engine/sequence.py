@@ -11,7 +11,7 @@ from transformers_openai.engine.detokenizer import Decoder, IncrementalDetokeniz
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.engine.sampler import SamplerRow
 from transformers_openai.engine.stats import FinishedRequest
-from transformers_openai.engine.stop_matcher import StopMatcher
+from transformers_openai.engine.stop_matcher import StopAutomata, StopMatcher
 from transformers_openai.runners.base import PrefillJob
 
 
@@ -24,6 +24,7 @@ class Sequence:
         tokenizer: Decoder,
         stop_token_ids: frozenset[int],
         max_total_len: int,
+        stop_automata: StopAutomata | None = None,
     ) -> None:
         self.request = request
         self.prefill = PrefillJob(
@@ -51,7 +52,7 @@ class Sequence:
         self._eos = frozenset() if params.ignore_eos else stop_token_ids
         self._max_tokens = min(params.max_tokens, max_total_len)
         self._detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, context=decoder_prompt)
-        self._stop = StopMatcher(params.stop)
+        self._stop = StopMatcher(params.stop, stop_automata)
         self.last_gap_s: float | None = None
         self.arrival = time.monotonic()
         self.scheduled_at: float | None = None

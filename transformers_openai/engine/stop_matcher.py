@@ -7,15 +7,19 @@ from weakref import WeakValueDictionary
 
 from transformers_openai.engine.stop_automaton import StopAutomaton
 
-# The n choices of a request, and requests with the same stop strings, share one automaton while any of them runs.
-_automata: WeakValueDictionary[tuple[str, ...], StopAutomaton] = WeakValueDictionary()
 
+class StopAutomata:
+    """The automata of the stop strings in use (an engine's): the n choices of a request, and requests with the same
+    stop strings, share one while any of them runs."""
 
-def _automaton(stops: tuple[str, ...]) -> StopAutomaton:
-    automaton = _automata.get(stops)
-    if automaton is None:
-        automaton = _automata[stops] = StopAutomaton(stops)
-    return automaton
+    def __init__(self) -> None:
+        self._live: WeakValueDictionary[tuple[str, ...], StopAutomaton] = WeakValueDictionary()
+
+    def get(self, stops: tuple[str, ...]) -> StopAutomaton:
+        automaton = self._live.get(stops)
+        if automaton is None:
+            automaton = self._live[stops] = StopAutomaton(stops)
+        return automaton
 
 
 class StopMatcher:
@@ -30,9 +34,9 @@ class StopMatcher:
     O(its length) whatever the number and length of the stop strings and of the held-back tail.
     """
 
-    def __init__(self, stops: tuple[str, ...] | list[str]):
+    def __init__(self, stops: tuple[str, ...] | list[str], automata: StopAutomata | None = None):
         kept = tuple(s for s in stops if s)
-        self._automaton = _automaton(kept) if kept else None
+        self._automaton = None if not kept else automata.get(kept) if automata is not None else StopAutomaton(kept)
         self._state = 0  # the automaton's: its depth is the length of the held-back tail
         # Positions count characters since the start of the text: what was read, emitted, and where the earliest
         # complete stop string read so far starts (-1 while none has).
