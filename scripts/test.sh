@@ -31,7 +31,7 @@ if ! command -v g++ >/dev/null && ! command -v c++ >/dev/null; then
 fi
 ruff format --check transformers_openai tests stress-test scripts
 ruff check transformers_openai tests stress-test scripts
-clang-format --dry-run -Werror transformers_openai/runners/csrc/*.cpp
+clang-format --dry-run -Werror transformers_openai/runners/kernels/csrc/*.cpp
 mypy transformers_openai
 # -rs: each skipped test with its reason in the summary.
 python -m pytest -q -rs -p no:cacheprovider "$@"

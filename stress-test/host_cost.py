@@ -68,7 +68,7 @@ def transformers_step_ms(model: Any, prompt: list[int], batch: int, steps: int) 
     import torch
     from transformers import DynamicCache
 
-    from transformers_openai.runners.kv_cache import cache_keyword
+    from transformers_openai.runners.kv.kv_cache import cache_keyword
 
     keyword = cache_keyword(model)  # `cache` from transformers 5.24, `past_key_values` before it
     with torch.inference_mode():

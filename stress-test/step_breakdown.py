@@ -92,7 +92,7 @@ def breakdown(
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True)
     constraints: list[Any] = []
     if json_rows:
-        from transformers_openai.serving.structured_output import StructuredOutputs
+        from transformers_openai.serving.text.structured_output import StructuredOutputs
 
         constraints = StructuredOutputs(tokenizer).constraints(STORY_SCHEMA, min(json_rows, batch), "json")
     for i in range(batch):

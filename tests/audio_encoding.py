@@ -9,7 +9,7 @@ import av
 import numpy as np
 import soundfile
 
-from transformers_openai.serving.audio import decode_audio
+from transformers_openai.serving.speech.audio import decode_audio
 
 RATE = 16000
 

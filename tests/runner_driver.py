@@ -9,7 +9,7 @@ import torch
 
 from transformers_openai.engine.kv_manager import KVManager, KVUsage
 from transformers_openai.runners.base import ModelRunner, PrefillJob, PrefillResult
-from transformers_openai.runners.block_table import BlockTable
+from transformers_openai.runners.kv.block_table import BlockTable
 
 
 class RunnerDriver:

@@ -42,18 +42,18 @@ from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import ModelRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.kv_pool import KVSpace
-from transformers_openai.runners.paged_step import StepExecutor
+from transformers_openai.runners.kv.kv_pool import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
-from transformers_openai.runners.step_store import has_cxx_compiler, private_store
+from transformers_openai.runners.steps.paged_step import StepExecutor
+from transformers_openai.runners.steps.step_store import has_cxx_compiler, private_store
 from transformers_openai.runners.whisper import WhisperRunner
-from transformers_openai.serving.audio import warm_up_decoder
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.prompt_limits import PromptLimits
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.speech.audio import warm_up_decoder
+from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
+from transformers_openai.serving.text.structured_output import StructuredOutputs
+from transformers_openai.serving.text.tool_formats import FORMATS, detect_format
 from transformers_openai.serving.tokenizer import TokenizerService, engine_decoder
-from transformers_openai.serving.tool_formats import FORMATS, detect_format
-from transformers_openai.serving.whisper_tokens import WhisperTokens
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)

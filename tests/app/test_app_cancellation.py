@@ -23,8 +23,8 @@ from tests.app.support import (
 )
 from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest
 from transformers_openai.serving.base import ClientDisconnected
-from transformers_openai.serving.chat import ChatHandler
-from transformers_openai.serving.completions import CompletionHandler
+from transformers_openai.serving.text.chat import ChatHandler
+from transformers_openai.serving.text.completions import CompletionHandler
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.app.test_app_tools import CALL_PIECES, TEMPLATE
 from transformers_openai.api.state import Handlers
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.prompt_limits import PromptLimits
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.text.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 
 RESPONSES = "/v1/responses"

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from tests.app.fake_engine import FakeEngine, Script
 from tests.app.support import CHAT, MODEL, assert_error, chat_body, make_app, make_context, running, sse_chunks
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.text.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"

@@ -16,9 +16,9 @@ import pytest
 import soundfile
 
 from tests.audio_encoding import low_rate_matroska, low_rate_wav, silent_flac
-from transformers_openai.serving import audio
-from transformers_openai.serving.audio import MIN_SAMPLE_RATE, decode_audio
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.speech import audio
+from transformers_openai.serving.speech.audio import MIN_SAMPLE_RATE, decode_audio
 
 RATE = 16000
 HOUR = 3600.0

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.audio_encoding import encoded
-from transformers_openai.serving.audio import decode_audio
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.speech.audio import decode_audio
 
 RATE = 16000
 NOISE_BYTES = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()

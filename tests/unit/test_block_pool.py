@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from transformers_openai.engine.block_pool import BlockPool
-from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
+from transformers_openai.runners.kv.block_table import NULL_BLOCK, BlockTable
 
 SIZE = 4
 

@@ -16,7 +16,7 @@ from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.kv_cache import cache_keyword
+from transformers_openai.runners.kv.kv_cache import cache_keyword
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 
 torch.set_num_threads(1)

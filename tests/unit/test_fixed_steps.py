@@ -1,4 +1,4 @@
-"""Steps of fixed shapes (`runners/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
+"""Steps of fixed shapes (`runners/steps/fixed_steps.py`): under continuous batching, padded to buckets or not, greedy
 outputs equal `generate()` alone, decode steps and prompts' prefills alike; slots never written cannot reach
 attention; a step too wide for the buckets is run by the grouped step instead; decode attention may read the pool in
 place; the CPU's compiled decode step is two graphs for every batch, kept on disk between starts. (CUDA graph capture
@@ -19,10 +19,10 @@ from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.packed_linear import pack_linear_layers
-from transformers_openai.runners.block_table import NULL_BLOCK
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.fixed_steps import batch_buckets, width_buckets
-from transformers_openai.runners.step_store import has_cxx_compiler
+from transformers_openai.runners.kv.block_table import NULL_BLOCK
+from transformers_openai.runners.steps.fixed_steps import batch_buckets, width_buckets
+from transformers_openai.runners.steps.step_store import has_cxx_compiler
 
 torch.set_num_threads(1)
 
@@ -218,7 +218,7 @@ def test_compiled_decode_under_batching_matches_generate(
             ]
         runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="transformers_openai.runners.fixed_steps"):
+        with caplog.at_level(logging.INFO, logger="transformers_openai.runners.steps.fixed_steps"):
             assert runner.fix_steps(graphs=False, compiled=True, prefills=False, store=tmp_path)
         assert f"{how} 1/2 decode step graphs" in caplog.text and f"{how} 2/2" in caplog.text, caplog.text
         assert "reads each row's K/V in place" in caplog.text

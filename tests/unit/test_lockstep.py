@@ -15,9 +15,9 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.parallel.lockstep import CopySlots, Forward, LockstepExecutor, Stop, follow
 from transformers_openai.parallel.ranks import Ranks
-from transformers_openai.runners.block_table import BlockTable
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.kv_pool import KVSpace
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.kv_pool import KVSpace
 
 torch.set_num_threads(1)
 

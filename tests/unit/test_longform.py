@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformers_openai.serving.longform import Attempt, compression_ratio, split_window, temperatures
+from transformers_openai.serving.speech.longform import Attempt, compression_ratio, split_window, temperatures
 
 EOT, TB = 100, 200  # end of text, <|0.00|>
 

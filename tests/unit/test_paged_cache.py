@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from transformers_openai.engine.block_pool import BlockPool
-from transformers_openai.runners.block_table import BlockTable
-from transformers_openai.runners.paged_cache import KVGeometry, PagedKVCache
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.paged_cache import KVGeometry, PagedKVCache
 
 torch.set_num_threads(1)
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformers_openai.runners.paged_decode_kernel import attention, cross_attention, load
-from transformers_openai.runners.step_store import has_cxx_compiler
+from transformers_openai.runners.kernels.paged_decode_kernel import attention, cross_attention, load
+from transformers_openai.runners.steps.step_store import has_cxx_compiler
 
 pytestmark = pytest.mark.skipif(not has_cxx_compiler(), reason="the kernel is built with a C++ compiler")
 
@@ -89,7 +89,7 @@ LOAD_AND_CALL = """
 import sys
 from pathlib import Path
 import torch
-from transformers_openai.runners.paged_decode_kernel import attention, cross_attention, load
+from transformers_openai.runners.kernels.paged_decode_kernel import attention, cross_attention, load
 assert load(Path(sys.argv[1]))
 keys, values = torch.ones(1, 8, 4), torch.arange(32.0).view(1, 8, 4)
 out = attention(torch.ones(1, 1, 1, 4), keys, values, torch.tensor([[1]]), torch.tensor([2]), 4, 0.5)

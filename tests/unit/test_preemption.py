@@ -16,7 +16,7 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import NullObserver, StepStats
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.runners.kv_pool import KVSpace, self_attention_geometry
+from transformers_openai.runners.kv.kv_pool import KVSpace, self_attention_geometry
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 

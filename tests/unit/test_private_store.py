@@ -1,4 +1,4 @@
-"""The compiled-step store is private (`runners/step_store.py`): made with mode 0700, refused (a temporary private
+"""The compiled-step store is private (`runners/steps/step_store.py`): made with mode 0700, refused (a temporary private
 folder used instead) when another user could have put files in it, since a start loads its pickles and libraries;
 inductor's precompiled headers are kept inside it rather than at a fixed path in the system's temporary folder."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transformers_openai.runners.step_store import keep_compiler_cache, private_store, store_problem
+from transformers_openai.runners.steps.step_store import keep_compiler_cache, private_store, store_problem
 
 
 def mode(path: Path) -> int:

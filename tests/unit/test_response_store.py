@@ -7,7 +7,7 @@ import json
 
 from transformers_openai.protocol import ChatMessage
 from transformers_openai.protocol.responses import ResponseObject
-from transformers_openai.serving.response_store import ResponseStore, StoredResponse, owner_of_key, stored_bytes
+from transformers_openai.serving.text.response_store import ResponseStore, StoredResponse, owner_of_key, stored_bytes
 
 ALICE, BOB = owner_of_key("key-a"), owner_of_key("key-b")
 

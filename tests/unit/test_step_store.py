@@ -1,4 +1,4 @@
-"""Compiled steps kept on disk (`runners/step_store.py`): a stored step is loaded, not compiled again, and computes
+"""Compiled steps kept on disk (`step_store.py`): a stored step is loaded, not compiled again, and computes
 what its function does; one stored for other shapes fails its guards and is compiled anew (and stored over it); a
 file that cannot be read is compiled anew too; the C++ inductor builds for a step is kept beside it. Guards on a
 model's module structure are not stored, those on its weights are; a compile records which instruction sets
@@ -14,7 +14,7 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.cpu_vec_isa import VecISA, valid_vec_isa_list
 
-from transformers_openai.runners.step_store import (
+from transformers_openai.runners.steps.step_store import (
     VEC_ISA_RECORD,
     compiled_step,
     has_cxx_compiler,

@@ -16,7 +16,7 @@ from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishR
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.runners.causal_lm import CausalLMRunner
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.text.structured_output import StructuredOutputs
 
 torch.set_num_threads(1)
 

@@ -15,7 +15,7 @@ from tests.e2e.fuzz_schema import nasty_schemas
 from tests.grammar_walk import random_walk
 from tests.schemas import COSTLY, SCHEMAS
 from transformers_openai.serving.errors import BadRequestError
-from transformers_openai.serving.structured_output import ANNOTATIONS, StructuredOutputs
+from transformers_openai.serving.text.structured_output import ANNOTATIONS, StructuredOutputs
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_description_only_variants_share_one_cache_entry(tokenizer, monkeypatch)
 
 
 def test_the_cache_keeps_its_bytes_within_the_budget_least_recently_used_first_out(tokenizer) -> None:
-    from transformers_openai.serving.grammar_cache import estimate_bytes
+    from transformers_openai.serving.text.grammar_cache import estimate_bytes
 
     schemas = [object_schema(20, f"s{i}") for i in range(8)]
     grammar_bytes = estimate_bytes(grammar_of(schemas[0]))
@@ -178,7 +178,7 @@ def grammar_of(schema: dict) -> str:
 
 
 def test_least_recently_used_order_within_the_budget() -> None:
-    from transformers_openai.serving.grammar_cache import CompiledGrammar, GrammarCache
+    from transformers_openai.serving.text.grammar_cache import CompiledGrammar, GrammarCache
 
     cache = GrammarCache(100)
 
@@ -199,7 +199,7 @@ def test_the_estimate_is_above_what_compiling_takes(tokenizer) -> None:
     """Heap measured around compiling distinct schemas (glibc's mallinfo2) stays under the estimate of each."""
     import ctypes
 
-    from transformers_openai.serving.grammar_cache import estimate_bytes
+    from transformers_openai.serving.text.grammar_cache import estimate_bytes
 
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -268,7 +268,7 @@ def test_a_grammar_whose_masks_cost_too_much_ends_its_row(structured, tokenizer)
     with pytest.raises(ConstraintFailed):
         constraint.advance(0)
     # A generous budget lets the same grammar go on: the budget, not llguidance, ended it.
-    from transformers_openai.serving.grammar_constraint import MaskBudget
+    from transformers_openai.serving.text.grammar_constraint import MaskBudget
 
     lenient = StructuredOutputs(tokenizer, budget=MaskBudget(grace_s=60.0, per_token_s=1.0))
     (patient,) = lenient.constraints(COSTLY, 1, "response_format")
@@ -283,7 +283,7 @@ def test_masks_are_computed_ahead_on_the_workers(structured, tokenizer) -> None:
     """`advance` hands the next mask to the mask threads; `mask` on the engine thread only applies it."""
     import threading
 
-    from transformers_openai.serving import grammar_constraint
+    from transformers_openai.serving.text import grammar_constraint
 
     threads = []
     real = grammar_constraint.disallowed_tokens

@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 
 from tests.grammar_walk import random_walk
 from transformers_openai.protocol import ChatCompletionRequest
-from transformers_openai.serving.chat_tools import ChatTools
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.text.chat_tools import ChatTools
+from transformers_openai.serving.text.structured_output import StructuredOutputs
+from transformers_openai.serving.text.tool_formats import FORMATS, HERMES, ToolFormat
+from transformers_openai.serving.text.tool_parser import parse_answer
 from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.tool_formats import FORMATS, HERMES, ToolFormat
-from transformers_openai.serving.tool_parser import parse_answer
 
 TOOLS = [
     {

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from transformers_openai.serving.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat
-from transformers_openai.serving.tool_parser import (
+from transformers_openai.serving.text.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat
+from transformers_openai.serving.text.tool_parser import (
     ArgumentsDelta,
     CallStarted,
     ContentDelta,

@@ -8,7 +8,7 @@ import srt
 import webvtt
 
 from transformers_openai.protocol.audio import Transcription, TranscriptionSegment, TranscriptionVerbose
-from transformers_openai.serving.transcript_formats import Transcript, clock, render
+from transformers_openai.serving.speech.transcript_formats import Transcript, clock, render
 
 
 def segment(i: int, start: float, end: float, text: str) -> TranscriptionSegment:

@@ -17,13 +17,13 @@ from transformers import AutoFeatureExtractor, AutoTokenizer
 
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.protocol.audio import TranscriptionRequest
-from transformers_openai.serving import transcription
 from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import ClientDisconnected
 from transformers_openai.serving.errors import InternalServerError, ServiceUnavailableError
+from transformers_openai.serving.speech import transcription
+from transformers_openai.serving.speech.transcription import TranscriptionHandler
+from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
 from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.transcription import TranscriptionHandler
-from transformers_openai.serving.whisper_tokens import WhisperTokens
 
 MODEL = "whisper"
 

@@ -11,9 +11,9 @@ import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
 from tests.runner_driver import RunnerDriver
-from transformers_openai.runners import paged_decode_kernel
 from transformers_openai.runners.base import PrefillJob
-from transformers_openai.runners.step_store import has_cxx_compiler
+from transformers_openai.runners.kernels import paged_decode_kernel
+from transformers_openai.runners.steps.step_store import has_cxx_compiler
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers_openai.serving.whisper_tokens import WhisperTokens, language_name
+from transformers_openai.serving.speech.whisper_tokens import WhisperTokens, language_name
 
 # tiny.en's layout: English-only, no language or task in the prefix.
 ENGLISH = WhisperTokens(

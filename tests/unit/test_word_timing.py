@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformers_openai.serving.word_timing import (
+from transformers_openai.serving.speech.word_timing import (
     SegmentSpan,
     WordTime,
     alignment_rows,

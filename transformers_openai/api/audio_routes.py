@@ -19,7 +19,7 @@ from transformers_openai.protocol.audio import (
     TranscriptionVerbose,
 )
 from transformers_openai.serving.errors import BadRequestError, PayloadTooLargeError
-from transformers_openai.serving.transcript_formats import MEDIA_TYPES
+from transformers_openai.serving.speech.transcript_formats import MEDIA_TYPES
 
 _TEXT_FORMATS = {media.split(";")[0]: {"schema": {"type": "string"}} for media in MEDIA_TYPES.values()}
 _TEXT_FORMATS["text/event-stream"] = {"schema": {"type": "string", "description": "transcript.text.* events"}}

@@ -10,8 +10,8 @@ from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import SSE_EVENT, json_body, respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
-from transformers_openai.serving.response_store import owner_of_key
-from transformers_openai.serving.responses import ResponsesHandler
+from transformers_openai.serving.text.response_store import owner_of_key
+from transformers_openai.serving.text.responses import ResponsesHandler
 
 _ERRORS = error_responses(400, 401, 404, 408, 413, 429, 503)
 _CREATED: dict[int | str, dict[str, Any]] = {

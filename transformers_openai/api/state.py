@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 from transformers_openai.engine.intra_op_threads import in_passing_thread
 from transformers_openai.protocol import ModelCard
-from transformers_openai.serving.chat import ChatHandler
-from transformers_openai.serving.completions import CompletionHandler
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
-from transformers_openai.serving.response_store import ResponseStore
-from transformers_openai.serving.responses import ResponsesHandler
+from transformers_openai.serving.speech.transcription import TranscriptionHandler
+from transformers_openai.serving.text.chat import ChatHandler
+from transformers_openai.serving.text.completions import CompletionHandler
+from transformers_openai.serving.text.response_store import ResponseStore
+from transformers_openai.serving.text.responses import ResponsesHandler
 from transformers_openai.serving.tokenize import TokenizeHandler
-from transformers_openai.serving.transcription import TranscriptionHandler
 
 logger = logging.getLogger(__name__)
 

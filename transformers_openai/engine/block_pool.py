@@ -9,7 +9,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
+from transformers_openai.runners.kv.block_table import NULL_BLOCK, BlockTable
 
 
 class BlockPool:

@@ -27,7 +27,7 @@ from transformers_openai.engine.sequence import Sequence
 from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
 from transformers_openai.engine.stop_matcher import StopAutomata
 from transformers_openai.runners.base import DecodeRows, ModelRunner, PrefillJob
-from transformers_openai.runners.block_table import BlockTable
+from transformers_openai.runners.kv.block_table import BlockTable
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from transformers_openai.engine.block_pool import BlockPool
 from transformers_openai.runners.base import KVPoolSpec, PrefillJob
-from transformers_openai.runners.block_table import BlockTable
+from transformers_openai.runners.kv.block_table import BlockTable
 
 
 @dataclass(frozen=True)

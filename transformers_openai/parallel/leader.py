@@ -10,7 +10,7 @@ from transformers_openai.parallel.lockstep import LockstepExecutor
 from transformers_openai.parallel.processes import RankProcesses
 from transformers_openai.parallel.ranks import Ranks
 from transformers_openai.parallel.rendezvous import LoopbackRendezvous
-from transformers_openai.runners.paged_step import StepExecutor
+from transformers_openai.runners.steps.paged_step import StepExecutor
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import torch
 
 from transformers_openai.logs import flush_logs
 from transformers_openai.parallel.ranks import Ranks
-from transformers_openai.runners.block_table import BlockTable
-from transformers_openai.runners.paged_step import StepExecutor, StepRows
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.steps.paged_step import StepExecutor, StepRows
 
 logger = logging.getLogger(__name__)
 

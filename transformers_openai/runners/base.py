@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from transformers_openai.runners.block_table import BlockTable
+from transformers_openai.runners.kv.block_table import BlockTable
 
 
 @dataclass

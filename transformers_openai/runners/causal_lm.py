@@ -18,12 +18,12 @@ from transformers_openai.runners.base import (
     PrefillJob,
     PrefillResult,
 )
-from transformers_openai.runners.block_table import BlockTable
-from transformers_openai.runners.fixed_steps import FixedSteps
-from transformers_openai.runners.kv_pool import KVPool, KVSpace
-from transformers_openai.runners.paged_attention import use_paged_attention
-from transformers_openai.runners.paged_step import PagedStep, StepExecutor
+from transformers_openai.runners.kernels.paged_attention import use_paged_attention
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace
 from transformers_openai.runners.prefill_groups import length_groups
+from transformers_openai.runners.steps.fixed_steps import FixedSteps
+from transformers_openai.runners.steps.paged_step import PagedStep, StepExecutor
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from transformers_openai.runners.base import (
     PrefillJob,
     PrefillResult,
 )
-from transformers_openai.runners.cross_cache import CrossKVCache
-from transformers_openai.runners.kv_cache import cache_keyword, layer_tensors
-from transformers_openai.runners.kv_pool import KVPool, KVSpace, self_attention_geometry
-from transformers_openai.runners.paged_cache import StepPlan
+from transformers_openai.runners.kv.cross_cache import CrossKVCache
+from transformers_openai.runners.kv.kv_cache import cache_keyword, layer_tensors
+from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace, self_attention_geometry
+from transformers_openai.runners.kv.paged_cache import StepPlan
 from transformers_openai.runners.slots import SlotTable
 
 

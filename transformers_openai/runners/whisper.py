@@ -11,10 +11,10 @@ import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
 from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
-from transformers_openai.runners.cross_attention import use_cross_in_place
-from transformers_openai.runners.kv_cache import cache_keyword
-from transformers_openai.runners.kv_pool import KVSpace
-from transformers_openai.runners.paged_cache import StepPlan
+from transformers_openai.runners.kernels.cross_attention import use_cross_in_place
+from transformers_openai.runners.kv.kv_cache import cache_keyword
+from transformers_openai.runners.kv.kv_pool import KVSpace
+from transformers_openai.runners.kv.paged_cache import StepPlan
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
 

@@ -31,7 +31,7 @@ from transformers_openai.serving.errors import (
     ServiceUnavailableError,
     to_openai_error,
 )
-from transformers_openai.serving.tool_parser import ToolCallParser
+from transformers_openai.serving.text.tool_parser import ToolCallParser
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any, Protocol
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.errors import ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
-from transformers_openai.serving.structured_output import StructuredOutputs
+from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
+from transformers_openai.serving.text.structured_output import StructuredOutputs
+from transformers_openai.serving.text.tool_formats import HERMES, ToolFormat
 from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.tool_formats import HERMES, ToolFormat
-from transformers_openai.serving.whisper_tokens import WhisperTokens
 
 
 class Capability(str, enum.Enum):

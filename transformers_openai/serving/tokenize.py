@@ -9,9 +9,9 @@ from transformers_openai.protocol.tokenize import (
     TokenizeResponse,
     TokenizeTextRequest,
 )
-from transformers_openai.serving.chat_tools import ChatTools
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.text.chat_tools import ChatTools
 
 
 class TokenizeHandler:

@@ -24,10 +24,10 @@ from transformers_openai.protocol import (
     Usage,
 )
 from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt
-from transformers_openai.serving.chat_tools import ChatTools, delta_parts, tool_calls
 from transformers_openai.serving.context import ServingContext
-from transformers_openai.serving.prompt_scores import prompt_logprobs
-from transformers_openai.serving.tool_parser import ToolCallParser, parse_answer
+from transformers_openai.serving.text.chat_tools import ChatTools, delta_parts, tool_calls
+from transformers_openai.serving.text.prompt_scores import prompt_logprobs
+from transformers_openai.serving.text.tool_parser import ToolCallParser, parse_answer
 
 
 class ChatHandler(GenerationHandler[ChatCompletionRequest]):

@@ -15,15 +15,15 @@ from transformers_openai.protocol.tools import (
     ToolCall,
 )
 from transformers_openai.serving.errors import BadRequestError
-from transformers_openai.serving.tokenizer import TokenizerService
-from transformers_openai.serving.tool_formats import ToolFormat, calls_schema
-from transformers_openai.serving.tool_parser import (
+from transformers_openai.serving.text.tool_formats import ToolFormat, calls_schema
+from transformers_openai.serving.text.tool_parser import (
     ArgumentsDelta,
     CallStarted,
     ContentDelta,
     ParsedAnswer,
     ToolEvent,
 )
+from transformers_openai.serving.tokenizer import TokenizerService
 
 
 class ChatTools:

@@ -34,12 +34,12 @@ from transformers_openai.protocol.audio import (
     TranscriptTextDone,
     TranscriptTextSegment,
 )
-from transformers_openai.serving.audio import decode_audio
 from transformers_openai.serving.base import check_output
 from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
-from transformers_openai.serving.longform import (
+from transformers_openai.serving.speech.audio import decode_audio
+from transformers_openai.serving.speech.longform import (
     FRAMES_PER_POSITION,
     FRAMES_PER_SECOND,
     PROMPT_RESET_TEMPERATURE,
@@ -49,8 +49,8 @@ from transformers_openai.serving.longform import (
     split_window,
     temperatures,
 )
-from transformers_openai.serving.transcript_formats import Transcript, render
-from transformers_openai.serving.word_timing import SegmentSpan, alignment_rows, word_timestamps
+from transformers_openai.serving.speech.transcript_formats import Transcript, render
+from transformers_openai.serving.speech.word_timing import SegmentSpan, alignment_rows, word_timestamps
 
 logger = logging.getLogger(__name__)
 

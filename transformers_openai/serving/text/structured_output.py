@@ -1,8 +1,8 @@
 """Structured outputs: `response_format` JSON schemas and Lark grammars enforced token by token with llguidance.
 
-Each request gets its own matcher, a `GrammarConstraint` for the engine (serving/grammar_constraint.py). A grammar is
+Each request gets its own matcher, a `GrammarConstraint` for the engine (`grammar_constraint.py`). A grammar is
 compiled once per distinct schema, off the event loop and off the engine thread, and kept within a byte budget
-(serving/grammar_cache.py); each request deep-copies the compiled matcher (microseconds: the copy shares the compiled
+(`grammar_cache.py`); each request deep-copies the compiled matcher (microseconds: the copy shares the compiled
 grammar and lexer) instead of compiling it again. A schema that is too large, that llguidance cannot take, or that
 passes llguidance's limits while it is compiled is a 400.
 """
@@ -24,8 +24,8 @@ import torch
 from llguidance import LLMatcher, LLParserLimits
 
 from transformers_openai.serving.errors import BadRequestError
-from transformers_openai.serving.grammar_cache import CompiledGrammar, GrammarCache, estimate_bytes
-from transformers_openai.serving.grammar_constraint import (
+from transformers_openai.serving.text.grammar_cache import CompiledGrammar, GrammarCache, estimate_bytes
+from transformers_openai.serving.text.grammar_constraint import (
     GrammarConstraint,
     MaskBudget,
     MaskWorkers,

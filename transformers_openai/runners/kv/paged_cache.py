@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
-from transformers_openai.runners.block_table import NULL_BLOCK, BlockTable
-from transformers_openai.runners.kv_cache import OwnedLayer
-from transformers_openai.runners.paged_decode_kernel import attention as attention_in_place
+from transformers_openai.runners.kernels.paged_decode_kernel import attention as attention_in_place
+from transformers_openai.runners.kv.block_table import NULL_BLOCK, BlockTable
+from transformers_openai.runners.kv.kv_cache import OwnedLayer
 from transformers_openai.runners.prefill_groups import length_groups
 
 

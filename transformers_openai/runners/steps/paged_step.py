@@ -16,9 +16,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
-from transformers_openai.runners.block_table import BlockTable
-from transformers_openai.runners.kv_cache import cache_keyword
-from transformers_openai.runners.paged_cache import PagedKVCache
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.kv_cache import cache_keyword
+from transformers_openai.runners.kv.paged_cache import PagedKVCache
 
 StepRows = Sequence[tuple[BlockTable, list[int]]]  # each row's blocks (and the tokens they hold), its new tokens
 

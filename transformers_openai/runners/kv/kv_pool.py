@@ -9,8 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import KVPoolSpec
-from transformers_openai.runners.block_table import BlockTable
-from transformers_openai.runners.paged_cache import KVGeometry, PagedKVCache
+from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.paged_cache import KVGeometry, PagedKVCache
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from transformers_openai.runners.kv_cache import OwnedLayer, RowSelection
+from transformers_openai.runners.kv.kv_cache import OwnedLayer, RowSelection
 
 
 class _CrossLayer(OwnedLayer):  # type: ignore[no-untyped-call]

@@ -1,5 +1,5 @@
-// Decode attention for a CPU, registered as torch operators (loaded by runners/paged_decode_kernel.py, which builds
-// this file once with the system's compiler and keeps the library beside the compiled steps):
+// Decode attention for a CPU, registered as torch operators (loaded by runners/kernels/paged_decode_kernel.py, which
+// builds this file once with the system's compiler and keeps the library beside the compiled steps):
 // - transformers_openai::paged_decode_attention: a one-token query per row over that row's K/V read in place in the
 //   paged pool, block by block through the row's block table;
 // - transformers_openai::cross_decode_attention: a one-token query over K/V kept whole per row, keys transposed

@@ -29,7 +29,7 @@ from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[2]  # transformers_openai
 # The only guards a stored step keeps on what it reaches through a model's submodules (_storable_guards): those on
 # tensors (the weights' shapes, strides and dtypes). MODULE_SOURCE is in the name of every such value.
 KEPT_MODULE_GUARDS = frozenset({"TENSOR_MATCH"})

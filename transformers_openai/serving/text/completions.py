@@ -15,7 +15,7 @@ from transformers_openai.protocol import (
 )
 from transformers_openai.serving.base import Choice, GenerationHandler, Prompt, check_token_ids
 from transformers_openai.serving.errors import BadRequestError
-from transformers_openai.serving.prompt_scores import prompt_logprobs
+from transformers_openai.serving.text.prompt_scores import prompt_logprobs
 
 
 class CompletionHandler(GenerationHandler[CompletionRequest]):

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers_openai.serving.tool_formats import ToolFormat
+from transformers_openai.serving.text.tool_formats import ToolFormat
 
 _SEPARATORS = frozenset(" \t\r\n,;[]")
 

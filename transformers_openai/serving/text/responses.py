@@ -26,11 +26,11 @@ from transformers_openai.protocol.responses import (
 )
 from transformers_openai.protocol.text import ResponseFormat
 from transformers_openai.protocol.tools import ChosenFunction, FunctionDefinition, NamedToolChoice, Tool, ToolChoice
-from transformers_openai.serving.chat import ChatHandler
 from transformers_openai.serving.disconnect import WaitDisconnect
 from transformers_openai.serving.errors import BadRequestError, NotFoundError
-from transformers_openai.serving.response_store import ResponseStore, StoredResponse
-from transformers_openai.serving.response_stream import ResponseStream
+from transformers_openai.serving.text.chat import ChatHandler
+from transformers_openai.serving.text.response_store import ResponseStore, StoredResponse
+from transformers_openai.serving.text.response_stream import ResponseStream
 
 # The chat request's fields as this endpoint names them, for the `param` of a 400.
 _PARAMS = {

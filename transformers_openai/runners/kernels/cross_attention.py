@@ -14,7 +14,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from transformers_openai.runners import paged_decode_kernel
+from transformers_openai.runners.kernels import paged_decode_kernel
 
 CROSS_IN_PLACE = "cross_in_place_sdpa"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)

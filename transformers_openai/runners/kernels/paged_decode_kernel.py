@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from transformers_openai.runners.step_store import cpu_flags, cxx_compiler
+from transformers_openai.runners.steps.step_store import cpu_flags, cxx_compiler
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from transformers_openai.protocol.audio import (
     TranscriptionVerbose,
     TranscriptionWord,
 )
-from transformers_openai.serving.whisper_tokens import language_name
+from transformers_openai.serving.speech.whisper_tokens import language_name
 
 MEDIA_TYPES: dict[str, str] = {
     "json": "application/json",
