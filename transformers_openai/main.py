@@ -88,7 +88,9 @@ def run(settings: Settings, argv: Sequence[str] = ()) -> int:
         from transformers_openai.parallel.leader import Leader
 
         if int(os.environ.get("RANK", "0")) != 0:
-            return run_follower(settings)
+            from transformers_openai.model_loader import load_follower  # imports transformers' model classes
+
+            return run_follower(settings, load_follower)
     log_config = setup_logging(settings.log_level, settings.log_format)
     if settings.tensor_parallel_size > 1:
         leader = Leader.start(settings.tensor_parallel_size, argv)

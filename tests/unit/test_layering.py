@@ -112,3 +112,44 @@ def test_importing_main_parses_no_argv_and_touches_no_cuda() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
+
+
+# What each part of the package may import of the others (besides itself): the layers point one way, api -> serving
+# -> engine -> runners, with protocol beside serving and parallel below the loader. The loaders and main (the
+# composition root) may import anything; a part not listed here must be added with its rule.
+ALLOWED: dict[str, frozenset[str]] = {
+    "api": frozenset({"engine", "logs", "metrics", "protocol", "serving", "settings"}),
+    "serving": frozenset({"engine", "protocol"}),
+    "protocol": frozenset({"engine"}),
+    "engine": frozenset({"runners"}),
+    "runners": frozenset({"packed_linear"}),
+    "parallel": frozenset({"logs", "runners", "settings"}),
+    "metrics": frozenset({"engine"}),
+    "settings": frozenset({"quantization"}),
+    "quantization": frozenset({"int8_linear"}),
+    "int8_linear": frozenset(),
+    "packed_linear": frozenset(),
+    "logs": frozenset(),
+}
+COMPOSITION_ROOT = frozenset({"main", "model_loader", "embedding_loader", "__init__"})
+WEB = ("fastapi", "starlette", "sse_starlette", "uvicorn")
+
+
+def part_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_part_imports_only_the_parts_below_it(path: Path) -> None:
+    part = part_of(path)
+    if part in COMPOSITION_ROOT:
+        return
+    assert part in ALLOWED, f"{part} has no layering rule: add it to ALLOWED"
+    named = {m.split(".")[1] for m in imports_of(path) if m.startswith("transformers_openai.")}
+    imported = {name for name in named if (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()}
+    bad = sorted(imported - ALLOWED[part] - {part})
+    assert bad == [], f"{path.relative_to(ROOT)} ({part}) imports {bad}"
+    if part != "api":  # HTTP lives in api/ alone
+        web = sorted(m for m in imports_of(path) if m.split(".")[0] in WEB)
+        assert web == [], f"{path.relative_to(ROOT)} imports {web}"
