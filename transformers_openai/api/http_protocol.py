@@ -28,8 +28,8 @@ class ConnectionLimits:
     body_timeout_s: once the head is in, the whole body must arrive within this.
     max_connections: open connections beyond this get a 503 and are closed.
     send_buffer_bytes: the kernel's send buffer per connection (it doubles it). Small, so that a client that
-        stops reading blocks our sends soon and the engine pauses its row: 16 KiB holds about 130 chat chunks
-        (64 KiB held 400). Token streams are small; on a link of 50 ms round trip it still carries 600 KB/s.
+        stops reading blocks our sends soon and the engine pauses its row: a few hundred chat chunks at most. Token
+        streams are small, so even a slow link keeps up within it.
     """
 
     header_timeout_s: float

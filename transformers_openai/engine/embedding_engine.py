@@ -62,9 +62,9 @@ class _Job:
 
 
 # What one more forward costs, in tokens of work, against padding (a short input batched with a long one pays for
-# the long one's length). On a CPU, work grows with the padded tokens and a forward's fixed cost is small: about
-# 8 ms for MiniLM on the 2-core development CPU, where a batched token costs about 0.25 ms. A GPU forward costs
-# about the same for a few tokens as for thousands: there, fewer and fuller forwards win.
+# the long one's length). On a CPU, work grows with the padded tokens and a forward's fixed cost is small (the cost
+# of a few dozen batched tokens, measured for MiniLM). A GPU forward costs about the same for a few tokens as for
+# thousands: there, fewer and fuller forwards win.
 CPU_FORWARD_COST_TOKENS = 32
 GPU_FORWARD_COST_TOKENS = 2048
 

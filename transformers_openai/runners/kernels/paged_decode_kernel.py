@@ -80,7 +80,7 @@ def cross_attention(query: torch.Tensor, keys_t: torch.Tensor, values: torch.Ten
 
 def load(directory: Path) -> bool:
     """Makes `torch.ops.transformers_openai.paged_decode_attention` available: the library built for this CPU and
-    this torch, from `directory` where an earlier start left it, else built there now (about 10 s); False where
+    this torch, from `directory` where an earlier start left it, else built there now (seconds); False where
     there is no compiler or the build fails (attention then gathers as before). One library serves the process: once
     the operator is there, nothing is built or loaded again."""
     if _registered():

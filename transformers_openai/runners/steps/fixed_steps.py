@@ -287,8 +287,8 @@ class FixedSteps:
         layout), else compiled here on padding steps (minutes) and stored there.
 
         Batch size and width are symbolic, so one graph serves every step of two rows or more. The compiler
-        specialises sizes of 1: a step of one row gets a graph of its own (padding it to two rows cost 8% of its
-        time), while widths are padded to at least two blocks (a graph is 40-60 s of compiling on two cores)."""
+        specialises sizes of 1: a step of one row gets a graph of its own (padding it to two rows would slow the
+        single stream), while widths are padded to at least two blocks (each graph costs a long compile)."""
         register_compilable_op()
         width = self._least_width = min(2, self.max_blocks)
         sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"

@@ -22,9 +22,9 @@ from transformers_openai.runners.kv.paged_cache import PagedKVCache
 
 StepRows = Sequence[tuple[BlockTable, list[int]]]  # each row's blocks (and the tokens they hold), its new tokens
 
-# Attention kernels an eager step may use on CUDA: not cuDNN's, which plans every new shape on the host (3.8 ms a
-# call: on an H200 an eager 16-layer step of the 1B shape took 52-63 ms for 2 ms of GPU work, 15 ms without it;
-# stress-test/results/cuda). Captured steps keep it: it is planned once, at capture, and needs the least memory.
+# Attention kernels an eager step may use on CUDA: not cuDNN's, which plans every new shape on the host (an eager
+# step spent far longer planning than computing; the figures are in docs/performance.md). Captured steps keep it:
+# it is planned once, at capture, and needs the least memory.
 EAGER_CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -163,8 +163,8 @@ def store_problem(path: Path) -> str | None:
 
 def keep_compiler_cache(store: Path) -> None:
     """Inductor's own cache (the C++ it builds for a step: kernels and wrapper) kept in `store` beside the stored
-    steps: a stored step's code is built again when that cache is gone (about 100 s a graph for SmolLM2 on two
-    cores, where a load takes 3), and inductor's default place, under /tmp, may not outlive the machine's next start.
+    steps: a stored step's code is built again when that cache is gone (minutes a graph, where a load takes
+    seconds), and inductor's default place, under /tmp, may not outlive the machine's next start.
     Inductor reads TORCHINDUCTOR_CACHE_DIR whenever it needs its cache (torch's own imports set it to the default,
     so a value found there is not the user's choice: `store` replaces it). Its precompiled C++ headers, which it
     otherwise keeps at a fixed path in the system's temporary folder (any user can make that path first), go there
@@ -187,8 +187,8 @@ def trust_recorded_vec_isas(store: Path) -> None:
     """Spares a start inductor's probe of the CPU's instruction sets where a compile in `store` recorded its outcome.
 
     Before it loads a stored step's C++, inductor decides once per process which instruction sets it may use: for
-    each one the CPU reports, it builds a small library and loads it in a new Python process (1.5-2 s of every
-    start with two cores; the choice is part of the key under which it finds the step's built code). A compile
+    each one the CPU reports, it builds a small library and loads it in a new Python process (seconds of every
+    start; the choice is part of the key under which it finds the step's built code). A compile
     records what that probe accepted (`VEC_ISA_RECORD`); where this CPU reports exactly those sets, inductor takes
     them without probing, else (another CPU, or nothing recorded) it probes as usual."""
     if valid_vec_isa_list.cache_info().currsize:  # decided already in this process
@@ -210,7 +210,7 @@ def _storable_guards(entries: Sequence[Any]) -> list[bool]:
     submodules, only those on tensors. The others read what the code and the model's configuration decide, which
     the key pins (the versions, this package's source, the configuration, each module's name and type): a module's
     type, its hook dicts being empty, its integer and flag attributes. They were nine in ten of a decode step's
-    guards, and a start builds each kept guard again (2.2 s of loading SmolLM2's two steps on two cores)."""
+    guards, and a start builds each kept guard again (most of the time a load took)."""
     unstorable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [
         not (

@@ -35,9 +35,9 @@ from transformers_openai.serving.text.grammar_constraint import (
 
 logger = logging.getLogger(__name__)
 
-# llguidance's limits on one grammar. Its regex ASTs may take 200k units of fuel (about 4 ms; the default 1M let
-# `^x{50000}$` through, at 15-45 ms a mask): SmolLM2's walks over 64 KiB object schemas, 5,000-string enums and 1,200
-# patterns stay within it. Lexer states take 1-2 KiB each and are kept with the cached grammar: 20,000 at most.
+# llguidance's limits on one grammar. Its regex ASTs may take 200k units of fuel (the default 1M let `^x{50000}$`
+# through, tens of milliseconds a mask): the tests' walks over 64 KiB object schemas, 5,000-string enums and 1,200
+# patterns stay within it. Lexer states are kept with the cached grammar: 20,000 at most.
 # Errors without the parser's state (it quotes the answer so far and the grammar).
 LIMITS = LLParserLimits(initial_lexer_fuel=200_000, max_lexer_states=20_000, verbose_errors=False)
 # Tokens the compile follows while the grammar forces them one by one (a schema whose root is a string, say), so
