@@ -33,5 +33,5 @@ ruff format --check transformers_openai tests stress-test scripts
 ruff check transformers_openai tests stress-test scripts
 clang-format --dry-run -Werror transformers_openai/runners/kernels/csrc/*.cpp
 mypy transformers_openai
-# -rs: each skipped test with its reason in the summary.
-python -m pytest -q -rs -p no:cacheprovider "$@"
+# -rs: each skipped test with its reason in the summary; --durations: the slowest tests, where time goes.
+python -m pytest -q -rs --durations=30 -p no:cacheprovider "$@"
