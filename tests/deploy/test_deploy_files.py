@@ -38,6 +38,7 @@ HEALTHCHECK_SCRIPT = ROOT / "deploy" / "healthcheck.py"
 ENTRYPOINT_SCRIPT = ROOT / "deploy" / "entrypoint.py"
 ENV_SCRIPT = ROOT / "scripts" / "env.sh"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"  # the README's details: usage.md states the torch version
 
 SERVER_MODULE = ["-m", "transformers_openai.main"]
 SERVER_SERVICES = ("server", "cpu", "replica", "gpu0", "gpu1", "cpu1", "cpu2")
@@ -285,7 +286,7 @@ def test_every_setting_is_passed_through(name: str) -> None:
 
 @pytest.mark.parametrize("name", SERVER_SERVICES)
 def test_every_name_of_a_setting_is_passed_through(name: str) -> None:
-    # The README documents MODEL and HF_MODEL, DTYPE and TORCH_DTYPE, ...: each must work in .env, not just one.
+    # docs/options.md documents MODEL and HF_MODEL, DTYPE and TORCH_DTYPE, ...: each must work in .env, not just one.
     keys = set(raw_environment(service(name)))
     missing = [env for field, envs in env_names_by_field().items() if field not in NOT_PASSED_THROUGH for env in envs]
     missing = [env for env in missing if env not in keys]
@@ -561,8 +562,9 @@ def test_one_torch_version_for_image_and_scripts() -> None:
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+", spec), spec
     assert args["TORCH_SPEC"] == spec
     assert any("${TORCH_SPEC}" in run and "${TORCH_INDEX:+" in run for run in instruction_args("RUN"))
-    stated = set(re.findall(r"torch==[\d.]+", README.read_text()))
-    assert stated == {spec}, f"the README states {stated}, the scripts and image install {spec}"
+    docs = [README, *sorted(DOCS.glob("*.md"))]
+    stated = {found for doc in docs for found in re.findall(r"torch==[\d.]+", doc.read_text())}
+    assert stated == {spec}, f"the README and docs/ state {stated}, the scripts and image install {spec}"
 
 
 def test_image_runs_as_a_non_root_user_and_serves_on_7088() -> None:

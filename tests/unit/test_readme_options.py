@@ -1,4 +1,4 @@
-"""The README's options table names every setting, so the documentation cannot drift from Settings."""
+"""The options table in docs/options.md names every setting, so the documentation cannot drift from Settings."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 from transformers_openai.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPTIONS = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
 
-def test_every_setting_is_in_the_readme_options_table() -> None:
-    rows = [line for line in README.read_text().splitlines() if line.startswith("| `--")]
+def test_every_setting_is_in_the_options_table() -> None:
+    rows = [line for line in OPTIONS.read_text().splitlines() if line.startswith("| `--")]
     flags = {line.split("`")[1] for line in rows}
     expected = {"--" + name.replace("_", "-") for name in Settings.model_fields}
     expected = {flag if flag != "--api-keys" else "--api-key" for flag in expected}  # listed by its short alias
-    assert expected <= flags, f"missing from README: {sorted(expected - flags)}"
+    assert expected <= flags, f"missing from docs/options.md: {sorted(expected - flags)}"
