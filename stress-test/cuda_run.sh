@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The CUDA measurements of the stress test, on one GPU, in one go:
 #   1. random-weight models of two shapes (SmolLM2-135M, and Llama 3.2 1B's layers over SmolLM2's tokenizer);
-#   2. for each, compare.py in bf16 against `transformers serve --continuous-batching` on the same GPU,
+#   2. for each, `loadtest compare` in bf16 against `transformers serve --continuous-batching` on the same GPU,
 #      interleaved (ours, theirs, ours, theirs), concurrency 1 and 16, streaming chat, 64 tokens per answer;
-#   3. kv_memory.py (15 short requests + one 3,000-token prompt) on the 1B shape: torch.cuda.max_memory_allocated;
-#   4. step_breakdown.py on the 1B shape: the eager step against the CUDA-graph step (and it launched ahead, as the
+#   3. `loadtest kv-memory` (15 short requests + one 3,000-token prompt) on the 1B shape: torch.cuda.max_memory_allocated;
+#   4. `loadtest step-breakdown` on the 1B shape: the eager step against the CUDA-graph step (and it launched ahead, as the
 #      server runs it) at batch 1, 16 and 64, wall
 #      time against the GPU's busy time (torch profiler), greedy tokens against `generate` (bf16, and fp32 at 16).
 # Usage: bash stress-test/cuda_run.sh LIKE_MODEL_DIR OUT_DIR [STEP ...]
 #   STEP: smollm2-135m-shape, llama-1b-shape (a comparison each), memory or breakdown; default the first three, in
 #   that order.
 # LIKE_MODEL_DIR holds a config and tokenizer (SmolLM2-135M-Instruct's; its weights are not needed).
-# Environment: REQUESTS (default: compare.py's, twice the concurrency, at least 8) requests per concurrency level;
+# Environment: REQUESTS (default: `loadtest compare`'s, twice the concurrency, at least 8) requests per concurrency level;
 # CONCURRENCY (default 1,16,64); REPEAT (default 2) interleaved repetitions; TIME_LIMIT (default 420) seconds each.
 set -euo pipefail
 like=$1
@@ -20,28 +20,29 @@ shift 2
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(smollm2-135m-shape llama-1b-shape memory)
 requests=${REQUESTS:-0}
-here=$(cd "$(dirname "$0")" && pwd)
 models=${MODELS_DIR:-/tmp/random-models}
 mkdir -p "$out" "$models"
+# The `loadtest` CLI: this folder's package, installed into the environment that has torch and the project.
+command -v loadtest >/dev/null || python3 -m pip install -q --no-deps -e "$(dirname "$0")"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
 [ -f "$models/smollm2-135m-shape/config.json" ] ||
-  python3 "$here/random_model.py" --like "$like" --preset same --out "$models/smollm2-135m-shape"
+  loadtest random-model --like "$like" --preset same --out "$models/smollm2-135m-shape"
 [ -f "$models/llama-1b-shape/config.json" ] ||
-  python3 "$here/random_model.py" --like "$like" --preset llama-1b --out "$models/llama-1b-shape"
+  loadtest random-model --like "$like" --preset llama-1b --out "$models/llama-1b-shape"
 for step in "${steps[@]}"; do
   if [ "$step" = breakdown ]; then
-    python3 "$here/step_breakdown.py" --model "$models/llama-1b-shape" --device cuda --dtype bfloat16 --weights plain \
+    loadtest step-breakdown --model "$models/llama-1b-shape" --device cuda --dtype bfloat16 --weights plain \
       --threads 4 --batch 1,16,64 --decode grouped,graphs,ahead --gpu-time --agreement --profile-table "${PROFILE_ROWS:-0}" \
       --out "$out/step-breakdown-llama-1b.json" 2>&1 | tee "$out/step-breakdown-llama-1b.txt"
-    python3 "$here/step_breakdown.py" --model "$models/llama-1b-shape" --device cuda --dtype float32 --weights plain \
+    loadtest step-breakdown --model "$models/llama-1b-shape" --device cuda --dtype float32 --weights plain \
       --threads 4 --batch 16 --decode graphs --agreement 2>&1 | tee -a "$out/step-breakdown-llama-1b.txt"
   elif [ "$step" = memory ]; then
-    python3 "$here/kv_memory.py" --model "$models/llama-1b-shape" --device cuda --dtype bfloat16 \
+    loadtest kv-memory --model "$models/llama-1b-shape" --device cuda --dtype bfloat16 \
       --out "$out/kv-memory-llama-1b.json"
   else
-    python3 "$here/compare.py" --model "$models/$step" --device cuda --dtype bfloat16 --endpoint chat \
+    loadtest compare --model "$models/$step" --device cuda --dtype bfloat16 --endpoint chat \
       $(for t in ${TARGETS:-server transformers-serve}; do printf -- "--target %s " "$t"; done) --concurrency "${CONCURRENCY:-1,16,64}" --requests "$requests" \
       --repeat "${REPEAT:-2}" --max-batch-size 64 \
       --threads 4 --time-limit "${TIME_LIMIT:-420}" --out "$out/compare-$step.json" 2>&1 | tee "$out/compare-$step.txt"

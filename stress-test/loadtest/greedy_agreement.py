@@ -7,7 +7,7 @@ share of identical answers and, for the others, the first position where they pa
 A variant is `DTYPE:WEIGHTS`, WEIGHTS being `plain` (`nn.Linear`) or `packed` (the server's CPU default, see
 `transformers_openai/packed_linear.py`). Example:
 
-    python stress-test/greedy_agreement.py --reference float32:plain --candidate float32:packed
+    loadtest greedy-agreement --reference float32:plain --candidate float32:packed
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from compare import DEFAULT_MODEL  # noqa: E402 - the stress-test folder is this script's own
-from compare import PROMPTS as CHAT_PROMPTS  # noqa: E402
-from loadclient import PROMPTS as LOAD_PROMPTS  # noqa: E402
+from loadtest.compare import DEFAULT_MODEL
+from loadtest.compare import PROMPTS as CHAT_PROMPTS
+from loadtest.loadclient import PROMPTS as LOAD_PROMPTS
 
 
 def load(model_dir: Path, variant: str, device: str) -> Any:
@@ -70,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, help="JSON report (default: stress-test/results/agreement-<time>.json)")
+    parser.add_argument("--out", type=Path, help="JSON report (default: results/agreement-<time>.json)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoTokenizer
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_tokens} tokens: {report['identical']} identical ({report['identical_share']:.0%}); "
         f"the others part at tokens {sorted(differing)}"
     )
-    out = args.out or REPO_ROOT / "stress-test" / "results" / f"agreement-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = args.out or Path("results") / f"agreement-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0

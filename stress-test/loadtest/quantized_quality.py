@@ -5,7 +5,7 @@ Multiple choice (20 questions: acc, acc_norm) and perplexity (10 paragraphs in 3
 perplexity, bits per byte), with lm-eval's `local-completions` model, one request at a time. Each configuration is a
 server of its own, started and stopped in turn.
 
-    python stress-test/quantized_quality.py --model .cache/models/smollm2-135m-instruct \
+    loadtest quantized-quality --model .cache/models/smollm2-135m-instruct \
         --config none --config "--quantization int8-dynamic"
 """
 
@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from loadserver import ServerOptions, local_server, machine_info
+from loadtest.server import ServerOptions, local_server, machine_info
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASKS_DIR = REPO / "tests" / "data" / "lm_eval_tasks"
 TASKS = {
     "toa_general_knowledge": ("acc,none", "acc_norm,none"),
@@ -65,7 +65,7 @@ def evaluate(base_url: str, model_dir: Path) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument(
@@ -76,11 +76,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO / "stress-test" / "results" / f"quantized-quality-{stamp}.json"
+    out = args.out or Path("results") / f"quantized-quality-{stamp}.json"
     rows: dict[str, dict[str, float]] = {}
     for config in args.config:
         extra = [] if config == "none" else shlex.split(config)
@@ -102,6 +102,7 @@ def main() -> None:
     for config, values in rows.items():
         print(f"| {config} | " + " | ".join(f"{values[m]:.4g}" for m in metrics) + " |")
     print(f"report: {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from loadstats import OK, RequestRecord
+
+from loadtest.loadstats import OK, RequestRecord
 
 WORKLOADS = ("chat-stream", "chat", "completions", "transcription", "embeddings")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".webm", ".m4a")

@@ -1,4 +1,4 @@
-"""Graphs of load-generator summaries (stress-test/loadgen.py --out ...), as PNG files.
+"""Graphs of load-generator summaries (`loadtest run` --out ...), as PNG files.
 
 For each load mode found in the inputs (concurrency sweeps, rate sweeps) it writes:
 
@@ -14,7 +14,7 @@ audio per second for transcription) and TTFT p50 against concurrency, one line p
 `generate` loop as a dashed level.
 
 Example:
-    python stress-test/plot.py stress-test/results/summary-*.json --out-dir stress-test/results
+    loadtest plot results/summary-*.json --out-dir results
 """
 
 from __future__ import annotations
@@ -211,8 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out-dir",
         type=Path,
-        default=Path(__file__).resolve().parent / "results",
-        help="where the PNGs go (default: stress-test/results)",
+        default=Path("results"),
+        help="where the PNGs go (default: ./results)",
     )
     p.add_argument("--label", action="append", default=[], help="legend name of each summary, in order; repeatable")
     return p.parse_args(argv)

@@ -9,7 +9,7 @@ machine's drift hits both alike. It runs in process on an engine built as the se
 request at a time.
 
 Example:
-    python stress-test/prefix_ttft.py --model .cache/models/smollm2-135m-instruct --rounds 5
+    loadtest prefix-ttft --model .cache/models/smollm2-135m-instruct --rounds 5
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def history_text(round_: int, tokens: int) -> str:
@@ -114,7 +114,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO_ROOT))
     text = json.dumps(run(args), indent=2)
     print(text)
     if args.out:

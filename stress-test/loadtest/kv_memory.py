@@ -10,8 +10,8 @@ need (layers x 2 x K/V heads x head dim x bytes x tokens at the peak), to compar
 the K/V pool, its size and the most blocks held at once, and the preemptions.
 
 Example:
-    python stress-test/kv_memory.py --model .cache/models/smollm2-135m-instruct
-    python stress-test/kv_memory.py --model /tmp/llama-1b --device cuda --dtype bfloat16
+    loadtest kv-memory --model .cache/models/smollm2-135m-instruct
+    loadtest kv-memory --model /tmp/llama-1b --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SHORT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 FILLER = "The quick brown fox jumps over the lazy dog while the old lighthouse keeper watches the sea. "
 
@@ -138,7 +138,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO_ROOT))
     report = run(args)
     text = json.dumps(report, indent=2)
     print(text)

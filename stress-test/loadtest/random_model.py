@@ -10,7 +10,7 @@ Presets:
               `--like` tokenizer's vocabulary
 
 Example:
-    python stress-test/random_model.py --like .cache/models/smollm2-135m-instruct --preset llama-1b --out /tmp/l1b
+    loadtest random-model --like .cache/models/smollm2-135m-instruct --preset llama-1b --out /tmp/l1b
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ text chunks), E2E latency, output tokens (the usage count), and status (ok, http
 connection, stream_error, empty, cancelled, client_overflow). The JSON summary (`--out`) holds, per
 level, TTFT/ITL/TPOT/E2E p50/p90/p99 in ms, output tokens/s, requests/s and errors by kind (429s also
 as `rejected_429`), plus the run's config, model, server version and machine. `--raw-out` also saves
-every request. Plot summaries with stress-test/plot.py.
+every request. Plot summaries with `loadtest plot`.
 
 Server: without `--url`, `python -m transformers_openai.main --model DIR` is started on a free
 127.0.0.1 port and killed at the end. With `--url`, only loopback URLs are accepted unless
@@ -30,8 +30,8 @@ Server: without `--url`, `python -m transformers_openai.main --model DIR` is sta
 `--url http://gpu-host:7088 --allow-remote`). Note: the client shares the CPU with a local server.
 
 Examples:
-    python stress-test/loadgen.py --model .cache/models/smollm2-135m-instruct --concurrencies 1,2,4,8,16
-    python stress-test/loadgen.py --url http://127.0.0.1:7088 --rates 0.5,1,2,4 --duration 30
+    loadtest run --model .cache/models/smollm2-135m-instruct --concurrencies 1,2,4,8,16
+    loadtest run --url http://127.0.0.1:7088 --rates 0.5,1,2,4 --duration 30
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from loadclient import WORKLOADS, RequestSpec, load_clips, pick_prompt, send
-from loadlevels import LevelRun, closed_loop, open_loop
-from loadserver import ServerOptions, is_loopback, local_server, machine_info, served_model, server_version
-from loadstats import RequestRecord, markdown_table, progress_line, record_to_json, summarize_level
 
-HERE = Path(__file__).resolve().parent
+from loadtest.loadclient import WORKLOADS, RequestSpec, load_clips, pick_prompt, send
+from loadtest.loadlevels import LevelRun, closed_loop, open_loop
+from loadtest.loadstats import RequestRecord, markdown_table, progress_line, record_to_json, summarize_level
+from loadtest.server import ServerOptions, is_loopback, local_server, machine_info, served_model, server_version
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "transformers-openai-api/stress-test/1"
 
 
@@ -128,7 +129,7 @@ async def sweep(args: argparse.Namespace, base_url: str, spec: RequestSpec, dead
 def shown_path(path: Path) -> str:
     """A path relative to the repository when inside it (so that committed summaries carry no home paths)."""
     try:
-        return str(path.resolve().relative_to(HERE.parent))
+        return str(path.resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(path)
 
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     req.add_argument(
         "--audio-dir",
         type=Path,
-        default=HERE.parent / "tests" / "data" / "audio",
+        default=REPO_ROOT / "tests" / "data" / "audio",
         help="transcription: the clips to upload (default: tests/data/audio)",
     )
     req.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s)")
@@ -217,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--model",
         type=Path,
-        default=HERE.parent / ".cache/models/smollm2-135m-instruct",
+        default=REPO_ROOT / ".cache/models/smollm2-135m-instruct",
         help="model directory of the server started here (default: %(default)s)",
     )
     srv.add_argument("--url", help="use this running server instead (base URL, e.g. http://127.0.0.1:7088)")
@@ -240,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for /health (default: 300)")
     srv.add_argument("--server-log", type=Path, help="spawned server's log (default: next to --out, *.server.log)")
     out = p.add_argument_group("output")
-    out.add_argument("--out", type=Path, help="JSON summary (default: stress-test/results/summary-<mode>.json)")
+    out.add_argument("--out", type=Path, help="JSON summary (default: results/summary-<mode>.json)")
     out.add_argument("--raw-out", type=Path, help="also write every request's record to this JSON file")
     return p
 
@@ -264,7 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model = args.model.resolve()
         if not (args.model / "config.json").exists():
             parser.error(f"--model {args.model} is not a model directory (no config.json); or give --url")
-    args.out = args.out or HERE / "results" / f"summary-{args.mode}.json"
+    args.out = args.out or Path("results") / f"summary-{args.mode}.json"
     args.server_log = args.server_log or args.out.with_suffix(".server.log")
     return args
 

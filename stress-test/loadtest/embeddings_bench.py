@@ -7,7 +7,7 @@ and one text per call (what a single user gets without a server). The targets ar
 round, with the same torch threads; the server is started once (the load generator's way) and idles while the
 baseline runs.
 
-    python stress-test/embeddings_bench.py --model .cache/models/all-minilm-l6-v2
+    loadtest embeddings --model .cache/models/all-minilm-l6-v2
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from loadclient import EMBEDDING_TEXTS, RequestSpec, pick_prompt
-from loadlevels import LevelRun, closed_loop
-from loadserver import ServerOptions, local_server, machine_info
-from loadstats import summarize_level
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from loadtest.loadclient import EMBEDDING_TEXTS, RequestSpec, pick_prompt
+from loadtest.loadlevels import LevelRun, closed_loop
+from loadtest.loadstats import summarize_level
+from loadtest.server import ServerOptions, local_server, machine_info
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def texts(count: int) -> list[str]:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-c1", type=int, default=96, help="requests at concurrency 1 (one text each)")
     parser.add_argument("--requests-c16", type=int, default=384, help="requests at concurrency 16")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "embeddings-minilm-cpu.json")
+    parser.add_argument("--out", type=Path, default=Path("results") / "embeddings-minilm-cpu.json")
     parser.add_argument("--log", type=Path, default=Path("/tmp/embeddings_bench_server.log"))
     args = parser.parse_args(argv)
     report = run(args)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from loadclient import RequestSpec, pick_prompt, send
-from loadstats import RequestRecord
+
+from loadtest.loadclient import RequestSpec, pick_prompt, send
+from loadtest.loadstats import RequestRecord
 
 
 @dataclass

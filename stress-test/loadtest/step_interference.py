@@ -5,11 +5,11 @@ when it streams a step's tokens); and beside streaming HTTP in other processes (
 sending `batch` streams at the step's rate to an httpx client, as the API front would if the engine ran in a process
 of its own).
 
-Each condition runs `stress-test/step_breakdown.py`'s measurement (the mean total of the steps that decode the full
+Each condition runs `loadtest step-breakdown`'s measurement (the mean total of the steps that decode the full
 batch), conditions interleaved batch by batch, `--repeat` times.
 
 Example:
-    python stress-test/step_interference.py --batch 1,16 --threads 2 --repeat 2
+    loadtest step-interference --batch 1,16 --threads 2 --repeat 2
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "stress-test"))
-sys.path.insert(0, str(REPO_ROOT))
+from loadtest.server import free_port
+from loadtest.step_breakdown import breakdown
 
-from loadserver import free_port  # noqa: E402
-from step_breakdown import breakdown  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 CHUNK = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " word"}}]}
 
@@ -111,7 +109,7 @@ def gil_bursts(burst_ms: float, every_ms: float) -> Iterator[None]:
 def http_elsewhere(streams: int, gap_s: float) -> Iterator[None]:
     """`streams` SSE streams, a chunk per `gap_s` each, between two other processes."""
     port = free_port()
-    me = [sys.executable, __file__]
+    me = [sys.executable, "-m", "loadtest.step_interference"]
     server = subprocess.Popen([*me, "--serve-sse", str(port), "--gap", str(gap_s)])
     client = None
     try:

@@ -20,7 +20,7 @@ Its concurrency comes from `--fw-variant`s, each a target of its own: `threads:W
 `BatchedInferencePipeline`, batch_size 16: it batches the VAD chunks of one file, not across requests, and its
 long-form has no seek or prompt carry-over and no timestamps, unlike ours and `model.transcribe`).
 
-    OMP_NUM_THREADS=2 .venv/bin/python stress-test/whisper_int8_bench.py --threads 2 --rounds 3 \
+    OMP_NUM_THREADS=2 .venv/bin/loadtest whisper-int8 --threads 2 --rounds 3 \
         --fw-variant threads:16 --fw-variant batched:16
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SHORT_CLIPS = ("flite-s1.wav", "flite-s2.wav", "flite-s3.wav", "flite-s4.wav", "librispeech-7021-79759-0004.wav")
 LONG_CLIP = "flite-longform.wav"
 CONCURRENCY = (1, 16)
@@ -131,8 +131,9 @@ def run_server(args: argparse.Namespace, target: str, orders: dict[int, list[str
     import asyncio
 
     import httpx
-    from compare import closed_loop
-    from loadserver import ServerOptions, local_server, served_model
+
+    from loadtest.compare import closed_loop
+    from loadtest.server import ServerOptions, local_server, served_model
 
     clips = {clip.name: clip for clip in args.clips}
     extra = ["--dtype", "float32", "--device", "cpu", "--max-batch-size", "16"]
@@ -213,7 +214,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--fw-python", type=Path, default=Path("/work/fw-venv/bin/python"), help="the faster-whisper venv's python")
     add("--request-timeout", type=float, default=600.0)
-    add("--out", type=Path, default=REPO_ROOT / "stress-test" / "results" / f"whisper-int8-{date.today()}.json")
+    add("--out", type=Path, default=Path("results") / f"whisper-int8-{date.today()}.json")
     add("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "whisper-int8-bench", help="server logs")
     add("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -224,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
-    from loadclient import load_clips
-    from loadserver import machine_info
+    from loadtest.loadclient import load_clips
+    from loadtest.server import machine_info
 
     load_start, code_at_start, machine = os.getloadavg(), code_state(), machine_info(True, args.threads)
     names = [*SHORT_CLIPS, LONG_CLIP]

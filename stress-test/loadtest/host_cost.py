@@ -16,7 +16,7 @@ Each side's step time is its median step (`..._ms`; the mean is kept beside it a
 burst of another tenant's work lands on a few steps of one side and moves a mean by up to 2x, a median hardly.
 
 Example:
-    python stress-test/host_cost.py --batch 1,16,64 --repeat 3
+    loadtest host-cost --batch 1,16,64 --repeat 3
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "stress-test"))
-sys.path.insert(0, str(REPO_ROOT))
 
 
 def build_model(directory: Path, layers: int, hidden: int, vocab: int) -> Path:
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = args.decode.split(",")
     import torch
-    from step_breakdown import breakdown
+    from loadtest.step_breakdown import breakdown
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)

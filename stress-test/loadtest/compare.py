@@ -29,8 +29,8 @@ A markdown table goes to stdout and everything to a JSON file (`--out`). Only lo
 are contacted; spawned servers are always killed at the end.
 
 Examples:
-    python stress-test/compare.py --model .cache/models/smollm2-135m-instruct --target all
-    python stress-test/compare.py --endpoint transcription --model .cache/models/whisper-tiny-en --target all
+    loadtest compare --model .cache/models/smollm2-135m-instruct --target all
+    loadtest compare --endpoint transcription --model .cache/models/whisper-tiny-en --target all
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ from typing import Any
 
 import httpx
 import numpy as np
-from loadclient import Clip, StreamTimer, load_clips, send_transcription
-from loadserver import free_port, is_loopback, served_model, spawned
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from loadtest.loadclient import Clip, StreamTimer, load_clips, send_transcription
+from loadtest.server import free_port, is_loopback, served_model, server_command, spawn
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` only when asked for
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
@@ -275,14 +276,12 @@ async def closed_loop(
 # ----------------------------------------------------------------------------- subprocess servers
 
 
-def server_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
+def target_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
     model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
     if target == "server":
         opts = f"--max-batch-size {args.max_batch_size}" if args.max_batch_size else ""
         opts += f" --dtype {args.dtype} --device {args.device}"
-        opts += f" --torch-threads {args.threads}"
-        server = [sys.executable, "-m", "transformers_openai.main", "--model", model]
-        return [*server, *listen, *opts.split(), *args.server_arg]
+        return server_command(model, port, *opts.split(), *args.server_arg, torch_threads=args.threads)
     # transformers' own CLI entry point, run by this interpreter (its `transformers` script may not be on PATH)
     exe = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())"]
     flags = ["--device", args.device, "--dtype", args.dtype, "--log-level", "warning"]
@@ -304,8 +303,9 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
         if target == "baseline":
             return run_levels(args, target, args.baseline_url, deadline)
         port = free_port()
-        with spawned(server_command(args, target, port), port, env, log, args.startup_timeout) as base:
-            return run_levels(args, target, base, deadline)
+        command = target_command(args, target, port)
+        with spawn(command, port, log, env=env, cwd=REPO_ROOT, timeout_s=args.startup_timeout) as server:
+            return run_levels(args, target, server.root_url, deadline)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - report, don't crash the other targets
         return [Row(target, 0, note=f"unavailable: {type(exc).__name__}: {exc}"[:400])]
 
@@ -505,7 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health (default: %(default)s)")
     add("--time-limit", type=float, default=3600.0, help="seconds for the whole run (default: %(default)s)")
     add("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
-    add("--out", type=Path, help="JSON report (default: stress-test/results/compare-<timestamp>.json, logs beside it)")
+    add("--out", type=Path, help="JSON report (default: results/compare-<timestamp>.json, logs beside it)")
     args = p.parse_args(argv)
     targets = args.target or ["all"]
     args.target = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
@@ -515,7 +515,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--target baseline needs --baseline-url")
     args.model = args.model.resolve()  # spawned servers run from the repository root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    args.out = args.out or REPO_ROOT / "stress-test" / "results" / f"compare-{stamp}.json"
+    args.out = args.out or Path("results") / f"compare-{stamp}.json"
     args.clips = load_clips(args.audio_dir) if args.endpoint == "transcription" else []
     return args
 

@@ -14,7 +14,7 @@ compiled by `torch.compile`: the server's default on a CPU).
 step's wall time; `--agreement` compares every row's greedy tokens with `model.generate` of the prompt alone.
 
 Example:
-    python stress-test/step_breakdown.py --model .cache/models/smollm2-135m-instruct --batch 1,16
+    loadtest step-breakdown --model .cache/models/smollm2-135m-instruct --batch 1,16
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 

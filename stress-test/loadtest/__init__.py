@@ -1,0 +1,1 @@
+"""Load tests and benchmarks for transformers-openai-api: one CLI (`loadtest`), one way to start a server."""
