@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variants = args.decode.split(",")
     import torch
-    from loadtest.step_breakdown import breakdown
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from loadtest.step_breakdown import breakdown
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
