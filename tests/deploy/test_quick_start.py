@@ -18,11 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from tests.e2e.server import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the scripts are files, not a package
-import startup_time  # noqa: E402
+from loadtest.server import ServerProcess, free_port, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -72,11 +68,12 @@ def new_user_environment() -> dict[str, str]:
 
 
 @contextmanager
-def serve_script(repo: Path, port: int, log: Path, timeout_s: float) -> Iterator[float]:
-    """Runs the repository's serve script as a new user would until /health answers; yields the seconds that took."""
+def serve_script(repo: Path, port: int, log: Path, timeout_s: float) -> Iterator[ServerProcess]:
+    """Runs the repository's serve script as a new user would until /health answers (`startup_s`: how long that
+    took); stops it and everything it started on the way out."""
     command = ["bash", "scripts/serve-smollm2.sh", "--port", str(port)]
-    with startup_time.serving(command, repo, log, timeout_s, new_user_environment()) as seconds:
-        yield seconds
+    with spawn(command, port, log, env=new_user_environment(), cwd=repo, timeout_s=timeout_s) as server:
+        yield server
 
 
 def test_quick_start_from_a_fresh_copy(tmp_path: Path) -> None:
@@ -104,7 +101,8 @@ def test_quick_start_from_a_fresh_copy(tmp_path: Path) -> None:
     assert streamed.strip(), f"the stream printed nothing: {result.stdout!r}"
 
     first_start_end = log.stat().st_size
-    with serve_script(repo, port, log, FIRST_START_S) as seconds:
-        assert seconds < SECOND_START_S, f"a second start took {seconds:.1f} s:\n{startup_time.tail(log)}"
+    with serve_script(repo, port, log, FIRST_START_S) as server:
+        seconds = server.startup_s
+        assert seconds < SECOND_START_S, f"a second start took {seconds:.1f} s:\n{server.log_tail()}"
     second_start = log.read_bytes()[first_start_end:].decode(errors="replace")
     assert "setting up .venv" not in second_start and "dequantizing" not in second_start, second_start

@@ -1,75 +1,29 @@
-"""Starts `python -m transformers_openai.main` as a subprocess on a free loopback port and waits for /health."""
+"""The e2e tests' server: our server with the tests' settings, started by `loadtest.server` (the one spawner)."""
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from loadtest.server import ServerProcess, free_port, spawn
 
+__all__ = ["REPO", "ServerProcess", "free_port", "replicas_of", "start_server", "wait_for"]
+
+# The checkout whose transformers_openai is served (scripts/fuzz_api.py points it at another one).
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[bytes]
-    port: int
-    model: str
-    log_path: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def health(self) -> dict:
-        return httpx.get(f"{self.root_url}/health", timeout=10).json()
-
-    def engine_state(self) -> dict:
-        return self.health()["engine"]
-
-    def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def start_server(
     model: Path, log_dir: Path, *args: str, timeout_s: float = 180, env_overrides: dict[str, str] | None = None
 ) -> ServerProcess:
+    """Our server on `model` as the tests run it (CPU, float32, one torch thread, served as `test-model`), from
+    REPO, on a free port; returns once /health answers."""
     port = free_port()
-    log_path = log_dir / f"server-{port}.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env_overrides or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [
@@ -90,21 +44,8 @@ def start_server(
         "1",
         *args,
     ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    server = ServerProcess(process, port, "test-model", log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(f"{server.root_url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    server.stop()
-    raise RuntimeError(f"server not healthy after {timeout_s}s:\n{server.log()}")
+    log_path = log_dir / f"server-{port}.log"
+    return spawn(command, port, log_path, env=env, cwd=REPO, timeout_s=timeout_s, model="test-model")
 
 
 @contextmanager
