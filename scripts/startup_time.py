@@ -20,7 +20,7 @@ from loadtest.server import free_port, spawn
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per start (default: %(default)s)")
@@ -31,6 +31,7 @@ def main() -> None:
         port = free_port()
         with spawn([*args.command, "--port", str(port)], port, args.log, cwd=ROOT, timeout_s=args.timeout) as server:
             print(f"start {run}: /health answered 200 after {server.startup_s:.1f} s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
