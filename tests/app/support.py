@@ -42,14 +42,17 @@ def make_app(engine: FakeEngine, hf_tokenizer: Any, loader: Loader | None = None
     return create_app(Settings(model=MODEL, **settings), loader=loader or (lambda: make_context(engine, hf_tokenizer)))
 
 
+LOAD_TIMEOUT_S = 60.0
+
+
 @asynccontextmanager
 async def running(app: FastAPI, wait_ready: bool = True) -> AsyncIterator[httpx.AsyncClient]:
     """Runs the app's lifespan around an in-process client; by default waits until /health says ready."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=10) as client:
-            if wait_ready:
-                await wait_until_async(lambda: _healthy(client))
+            if wait_ready:  # loading runs in a worker thread: on a busy 2-core machine it may wait its turn a while
+                await wait_until_async(lambda: _healthy(client), timeout=LOAD_TIMEOUT_S)
             yield client
 
 
