@@ -106,7 +106,7 @@ def quantize_linear_layers(model: torch.nn.Module) -> int:
     and scaling the products back cost more than the integer product saves), but the server at concurrency 16
     transcribed 11% more audio a second with it in int8 (results then scaled back in three passes, now two) than
     with it in float (interleaved in one run,
-    `stress-test/results/whisper-int8-encoder-float-vs-int8-cpu.json`)."""
+    `docs/results/whisper-int8-encoder-float-vs-int8-cpu.json`)."""
     if not int8_matmul_works():
         raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
     output_of = getattr(model, "get_output_embeddings", None)

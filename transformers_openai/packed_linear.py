@@ -3,7 +3,7 @@
 A model's `nn.Linear` multiplies through MKL's general matrix product, which packs the weight for the CPU's
 vector units on every call. With a decode batch of a few rows that packing is a large share of the work: at 16
 rows and 2 threads a 576 x 49,152 projection takes about 30 ms as `nn.Linear` and 11 ms packed once
-(`stress-test/step_breakdown.py --weights plain,packed` shows the whole step). oneDNN's packed linear is the one
+(`loadtest step-breakdown --weights plain,packed` shows the whole step). oneDNN's packed linear is the one
 torch's own CPU compiler uses for frozen weights (`mkldnn._linear_pointwise`); results differ from MKL's only by
 float rounding. Each packed copy replaces its plain weight, except where the weight is shared with another module (an
 output layer tied to the input embeddings, which still look rows up in the plain table): that one is copied, the

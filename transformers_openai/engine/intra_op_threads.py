@@ -5,7 +5,7 @@ region, for as long as that thread lives. Once the teams of a process hold more 
 every worker stops waiting for the next region by spinning and sleeps at once, so each parallel region pays a wake-up:
 on the 2-core machine a small elementwise op took 53 us instead of 5, and SmolLM2's batch-1 decode step 51-60 ms
 instead of 39-43, when the model had been loaded on a pooled thread that lived on beside the engine's
-(`stress-test/step_interference.py` sets up that condition). So the model is loaded on a thread that ends
+(`loadtest step-interference` sets up that condition). So the model is loaded on a thread that ends
 (`in_passing_thread`) and torch work on other pooled threads (audio features, word alignment) runs on one torch
 thread, which needs no team (`one_torch_thread`). Over HTTP at one stream with two threads the server's decode step
 then took 31 ms where it had taken 47-50.

@@ -106,7 +106,7 @@ def compiled_step(
     for argument, dim in dynamic:
         torch._dynamo.maybe_mark_dynamic(inputs[argument], dim)  # sizes of 1 stay specialised
     # The wrapper that calls the step's kernels in C++ too: Python's (views, size checks, one binding call per
-    # kernel) took a quarter of a 16-row step of a narrow model (`stress-test/host_cost.py`).
+    # kernel) took a quarter of a 16-row step of a narrow model (`loadtest host-cost`).
     options: dict[str, Any] = {"guard_filter_fn": _storable_guards, "cpp_wrapper": True}
     compiler: Any = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
     compiled = compiler.aot_compile((tuple(inputs), {}))
