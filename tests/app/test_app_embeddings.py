@@ -6,6 +6,7 @@ import asyncio
 import base64
 import threading
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -206,21 +207,27 @@ def counting(hf_tokenizer: Any) -> CountingTokenizer:
     return CountingTokenizer(hf_tokenizer)
 
 
-@pytest.fixture
-async def budget_client(
+@asynccontextmanager
+async def limited_embedding_app(
     hf_tokenizer: Any, embedder: FakeEmbedder, counting: CountingTokenizer
 ) -> AsyncIterator[httpx.AsyncClient]:
+    """An embedding model (whose tokenizer also serves /tokenize) with small limits: `BUDGET` tokens a request,
+    `TOKEN_CHARS` characters a token, `MAX_INPUT` tokens an input."""
     base = embedding_context(hf_tokenizer, embedder, service=counting)
     assert base.embeddings is not None
     limits = PromptLimits(
         max_messages=8, max_content_parts=8, max_prompt_tokens=MAX_INPUT, max_token_chars=TOKEN_CHARS, max_sequences=8
     )
-    context = replace(
-        base,
-        prompt_limits=limits,
-        embeddings=replace(base.embeddings, max_total_tokens=BUDGET),
-    )
+    context = replace(base, prompt_limits=limits, embeddings=replace(base.embeddings, max_total_tokens=BUDGET))
     async with running(make_app(FakeEngine(), hf_tokenizer, loader=lambda: context)) as ready:
+        yield ready
+
+
+@pytest.fixture
+async def budget_client(
+    hf_tokenizer: Any, embedder: FakeEmbedder, counting: CountingTokenizer
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with limited_embedding_app(hf_tokenizer, embedder, counting) as ready:
         yield ready
 
 

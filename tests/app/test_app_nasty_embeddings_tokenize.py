@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.app.fake_engine import FakeEngine
-from tests.app.support import MODEL, assert_error, make_app, running
-from tests.app.test_app_embeddings import MAX_INPUT, CountingTokenizer, FakeEmbedder, embedding_context
-from transformers_openai.serving.prompt_limits import PromptLimits
+from tests.app.support import MODEL, assert_error
+from tests.app.test_app_embeddings import (
+    MAX_INPUT,
+    TOKEN_CHARS,
+    CountingTokenizer,
+    FakeEmbedder,
+    limited_embedding_app,
+)
 
 SURROGATE = "\ud800"
-TOKEN_CHARS = 8
-BUDGET = 60  # tokens one embeddings request may hold
 MOST_CHARS = MAX_INPUT * TOKEN_CHARS  # a prompt of more characters cannot fit the model's input
 EMBED, TOKENIZE, DETOKENIZE = "/v1/embeddings", "/tokenize", "/detokenize"
 
@@ -105,14 +106,7 @@ def counting(hf_tokenizer: Any) -> CountingTokenizer:
 async def client(
     hf_tokenizer: Any, embedder: FakeEmbedder, counting: CountingTokenizer
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """An embedding model (whose tokenizer also serves /tokenize) with small limits."""
-    base = embedding_context(hf_tokenizer, embedder, service=counting)
-    assert base.embeddings is not None
-    limits = PromptLimits(
-        max_messages=8, max_content_parts=8, max_prompt_tokens=MAX_INPUT, max_token_chars=TOKEN_CHARS, max_sequences=8
-    )
-    context = replace(base, prompt_limits=limits, embeddings=replace(base.embeddings, max_total_tokens=BUDGET))
-    async with running(make_app(FakeEngine(), hf_tokenizer, loader=lambda: context)) as ready:
+    async with limited_embedding_app(hf_tokenizer, embedder, counting) as ready:
         yield ready
 
 
