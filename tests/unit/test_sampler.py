@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 import torch
 
-from transformers_openai.engine.sampler import Sampler, SamplerRow
+from transformers_openai.engine.sampler import Sampler, SampleResult, SamplerRow
 from transformers_openai.engine.sampling_params import SamplingParams
 
 torch.set_num_threads(1)
@@ -18,10 +21,17 @@ def row(
     prompt: list[int] | None = None,
     output: list[int] | None = None,
     stop: frozenset[int] = frozenset(),
-    **params: object,
+    **params: Any,
 ) -> SamplerRow:
     generator = torch.Generator().manual_seed(seed)
-    return SamplerRow(SamplingParams(**params), generator, prompt or [], output or [], stop)  # type: ignore[arg-type]
+    return SamplerRow(SamplingParams(**params), generator, prompt or [], output or [], stop)
+
+
+def reported(result: SampleResult, index: int) -> tuple[float, list[tuple[int, float]]]:
+    """The logprobs a row that asked for them got."""
+    entry = result.logprobs[index]
+    assert entry is not None
+    return entry
 
 
 def logits_for(n: int, seed: int = 0) -> torch.Tensor:
@@ -56,17 +66,17 @@ def test_seeded_row_is_independent_of_batch() -> None:
 
 
 @pytest.mark.parametrize("params", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 0.999}])
-def test_truncation_to_one_token_equals_argmax(params: dict[str, float]) -> None:
+def test_truncation_to_one_token_equals_argmax(params: dict[str, Any]) -> None:
     logits = logits_for(8, seed=3)
     rows = [row(seed=s, temperature=2.0, **params) for s in range(8)]
     for _ in range(5):
         assert Sampler()(logits, rows).token_ids == logits.argmax(dim=-1).tolist()
 
 
-def frequencies(logits: torch.Tensor, draws: int, **params: object) -> torch.Tensor:
+def frequencies(logits: torch.Tensor, draws: int, **params: Any) -> torch.Tensor:
     """Empirical token frequencies of many rows sharing one seeded generator."""
     generator = torch.Generator().manual_seed(42)
-    rows = [SamplerRow(SamplingParams(**params), generator, [], [], frozenset()) for _ in range(draws)]  # type: ignore[arg-type]
+    rows = [SamplerRow(SamplingParams(**params), generator, [], [], frozenset()) for _ in range(draws)]
     tokens = Sampler()(logits.expand(draws, -1), rows).token_ids
     return torch.bincount(torch.tensor(tokens), minlength=logits.shape[-1]).float() / draws
 
@@ -156,7 +166,7 @@ def test_logprobs_are_raw_and_top_n_sorted() -> None:
     ]
     result = Sampler()(logits, rows)
     raw = torch.log_softmax(logits, dim=-1)
-    chosen, top = result.logprobs[0]  # type: ignore[misc]
+    chosen, top = reported(result, 0)
     assert chosen == pytest.approx(raw[0, result.token_ids[0]].item(), abs=1e-5)
     assert len(top) == 4
     values = [lp for _, lp in top]
@@ -164,7 +174,7 @@ def test_logprobs_are_raw_and_top_n_sorted() -> None:
     assert [t for t, _ in top] == raw[0].topk(4).indices.tolist()
     assert top[0][0] == result.token_ids[0]
     assert result.token_ids[1] == forced
-    chosen, top = result.logprobs[1]  # type: ignore[misc]
+    chosen, top = reported(result, 1)
     assert chosen == pytest.approx(raw[1, forced].item(), abs=1e-5)  # before the bias
     assert top == []
     assert result.logprobs[2] is None
@@ -174,7 +184,7 @@ def test_model_kind_processors_rule_the_distribution_before_logprobs_and_samplin
     banned = [3, 4, 5]
     seen_rows: list[int] = []
 
-    def ban_some(logits: torch.Tensor, rows) -> None:  # type: ignore[no-untyped-def]
+    def ban_some(logits: torch.Tensor, rows: Sequence[object]) -> None:
         seen_rows.append(len(rows))
         logits[:, banned] = float("-inf")
 
@@ -186,7 +196,7 @@ def test_model_kind_processors_rule_the_distribution_before_logprobs_and_samplin
     assert seen_rows == [3]
     assert torch.equal(given, logits)  # the caller's logits are left as the model made them
     assert not set(result.token_ids) & set(banned)
-    chosen, top = result.logprobs[0]  # type: ignore[misc]
+    chosen, top = reported(result, 0)
     ruled = logits[0].clone()
     ruled[banned] = float("-inf")
     expected = torch.log_softmax(ruled, dim=-1)
@@ -217,7 +227,7 @@ def reference_draw(scaled: torch.Tensor, params: SamplingParams, u: float) -> in
         {"top_p": 0.999, "temperature": 3.0},  # mass spread past the first candidates: the whole vocabulary is ranked
     ],
 )
-def test_ranked_draws_equal_a_full_sort_on_a_large_vocabulary(params: dict[str, float]) -> None:
+def test_ranked_draws_equal_a_full_sort_on_a_large_vocabulary(params: dict[str, Any]) -> None:
     from transformers_openai.engine.sampler import TOP_P_CANDIDATES
 
     vocab = 6 * TOP_P_CANDIDATES[-1]
@@ -234,7 +244,12 @@ def test_ranked_draws_equal_a_full_sort_on_a_large_vocabulary(params: dict[str, 
 def test_penalties_follow_the_tokens_as_they_come() -> None:
     """The per-row penalty state, updated one token at a time, equals penalties recomputed from the token lists."""
     prompt = [3, 5, 5]
-    params = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.7, "temperature": 0.0}
+    params: dict[str, Any] = {
+        "repetition_penalty": 1.3,
+        "presence_penalty": 0.4,
+        "frequency_penalty": 0.7,
+        "temperature": 0.0,
+    }
     r = row(prompt=prompt, **params)
     output = r.output_ids  # the sequence's live list, as the engine shares it
     for step, token in enumerate([5, 9, 9, 9, 1]):
@@ -277,7 +292,7 @@ def test_constrained_rows_draw_allowed_tokens_and_free_rows_are_untouched() -> N
     free_greedy, free_sampled = row(temperature=0.0, logprobs=2), row(seed=3, temperature=1.0)
     alone = Sampler()(original.clone()[1:2], [free_sampled]).token_ids[0]
     constrained = [row(temperature=0.0, logprobs=0), row(seed=4, temperature=1.5)]
-    constrained[0].constraint, constrained[1].constraint = OnlyTokens({3, 4}), OnlyTokens({7})  # type: ignore[assignment]
+    constrained[0].constraint, constrained[1].constraint = OnlyTokens({3, 4}), OnlyTokens({7})
     result = Sampler()(logits, [free_greedy, row(seed=3, temperature=1.0), *constrained])
     assert torch.equal(logits, original)  # the model's logits are not touched (a retry starts from them)
     assert result.token_ids[0] == int(original[0].argmax())
@@ -285,7 +300,7 @@ def test_constrained_rows_draw_allowed_tokens_and_free_rows_are_untouched() -> N
     assert result.token_ids[2] == (3 if original[2, 3] > original[2, 4] else 4)
     assert result.token_ids[3] == 7
     # The reported logprobs are those of the constrained distribution: all mass on the allowed tokens.
-    chosen, _ = result.logprobs[2]
+    chosen, _ = reported(result, 2)
     allowed = torch.log_softmax(original[2, [3, 4]], dim=-1)
     assert chosen == pytest.approx(float(allowed.max()), abs=1e-5)
 
@@ -294,7 +309,7 @@ def test_a_grammar_may_end_the_answer_before_min_tokens() -> None:
     """When the grammar allows only the stop token, min_tokens does not forbid it (that would leave no token)."""
     logits = logits_for(1, seed=12)
     r = row(temperature=0.0, min_tokens=50, stop=frozenset({2}))
-    r.constraint = OnlyTokens({2})  # type: ignore[assignment]
+    r.constraint = OnlyTokens({2})
     assert Sampler()(logits, [r]).token_ids == [2]
     free = row(temperature=0.0, min_tokens=50, stop=frozenset({int(logits[0].argmax())}))
     assert Sampler()(logits, [free]).token_ids != [int(logits[0].argmax())]  # without a grammar it still holds

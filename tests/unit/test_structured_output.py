@@ -28,7 +28,7 @@ def structured(tokenizer) -> StructuredOutputs:
     return StructuredOutputs(tokenizer)
 
 
-def walk(structured: StructuredOutputs, tokenizer, schema: dict, seed: int, vocab_pad: int = 0) -> str:
+def walk(structured: StructuredOutputs, tokenizer, schema: dict[str, Any], seed: int, vocab_pad: int = 0) -> str:
     """Random logits every step, masked by the grammar, argmax taken: a model that knows nothing about JSON."""
     (constraint,) = structured.constraints(schema, 1, "response_format")
     tokens = random_walk(constraint, len(tokenizer) + vocab_pad, seed, tokenizer.eos_token_id)
@@ -62,7 +62,9 @@ def test_json_object_accepts_any_object(structured, tokenizer) -> None:
     ("schema", "needle"),
     [({"type": "nonsense"}, "nonsense"), ({"type": "object", "properties": {"a": {"$ref": "#/missing"}}}, "")],
 )
-def test_a_schema_llguidance_cannot_take_is_a_400_naming_the_field(structured, schema: dict, needle: str) -> None:
+def test_a_schema_llguidance_cannot_take_is_a_400_naming_the_field(
+    structured, schema: dict[str, Any], needle: str
+) -> None:
     with pytest.raises(BadRequestError) as caught:
         structured.constraints(schema, 1, "response_format")
     assert caught.value.param == "response_format"
@@ -75,7 +77,7 @@ def test_each_schema_is_compiled_once(structured, monkeypatch) -> None:
     calls = []
     real = LLMatcher.grammar_from_json_schema
 
-    def counting(schema, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(schema: dict[str, Any], **kwargs: Any) -> str:
         calls.append(schema)
         return real(schema, **kwargs)
 
@@ -90,7 +92,7 @@ def test_each_schema_is_compiled_once(structured, monkeypatch) -> None:
 # -- hardening: size cap, annotations, cache bytes, llguidance's limits, mask budget
 
 
-def object_schema(fields: int, tag: str) -> dict:
+def object_schema(fields: int, tag: str) -> dict[str, Any]:
     properties = {f"{tag}_{i}": {"type": "string", "maxLength": 10 + i} for i in range(fields)}
     return {"type": "object", "properties": properties, "required": list(properties)}
 
@@ -117,7 +119,7 @@ def test_description_only_variants_share_one_cache_entry(tokenizer, monkeypatch)
     compiled = []
     real = LLMatcher.grammar_from_json_schema
 
-    def counting(schema, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(schema: dict[str, Any], **kwargs: Any) -> str:
         compiled.append(schema)
         return real(schema, **kwargs)
 
@@ -170,7 +172,7 @@ def test_the_cache_keeps_its_bytes_within_the_budget_least_recently_used_first_o
     assert StructuredOutputs(tokenizer, cache_bytes=0).constraints(schemas[0], 1, "response_format")  # keeps none
 
 
-def grammar_of(schema: dict) -> str:
+def grammar_of(schema: dict[str, Any]) -> str:
     """The grammar llguidance compiles for a schema."""
     from llguidance import LLMatcher
 
@@ -288,12 +290,12 @@ def test_masks_are_computed_ahead_on_the_workers(structured, tokenizer) -> None:
     threads = []
     real = grammar_constraint.disallowed_tokens
 
-    def recording(bitmask, vocab):  # type: ignore[no-untyped-def]
+    def recording(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
         threads.append(threading.current_thread().name)
         return real(bitmask, vocab)
 
     (constraint,) = structured.constraints(SCHEMAS[0], 1, "response_format")
-    grammar_constraint.disallowed_tokens = recording  # type: ignore[assignment]
+    grammar_constraint.disallowed_tokens = recording
     try:
         random_walk(constraint, len(tokenizer), 1, tokenizer.eos_token_id)
     finally:
@@ -337,7 +339,7 @@ def test_annotation_only_variants_share_an_entry_wherever_the_annotations_are(to
             return [annotate(item, draw) for item in schema]
         if not isinstance(schema, dict):
             return schema
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in schema.items():
             if key in ("properties", "$defs"):
                 out[key] = {name: annotate(sub, draw) for name, sub in value.items()}
@@ -374,14 +376,14 @@ def test_concurrent_requests_for_a_new_schema_compile_it_once(tokenizer, monkeyp
     real = LLMatcher.grammar_from_json_schema
     started = threading.Barrier(4)
 
-    def counting(schema, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(schema: dict[str, Any], **kwargs: Any) -> str:
         calls.append(schema)
         return real(schema, **kwargs)
 
     monkeypatch.setattr(LLMatcher, "grammar_from_json_schema", counting)
     results: list[object] = []
 
-    def ask(schema: dict) -> None:
+    def ask(schema: dict[str, Any]) -> None:
         started.wait()
         try:
             results.append(len(structured.constraints(schema, 1, "response_format")))
