@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel, Field
 
 from tests.e2e.conftest import async_client, sync_client
@@ -30,9 +34,10 @@ QUESTIONS = [
     "Forecast the weather in Paris.",
 ]
 FREE = ["Tell me a joke.", "Write a haiku about autumn leaves.", "What is a hash table?"]
+T = TypeVar("T")
 
 
-def json_format(schema: dict, name: str = "answer") -> dict:
+def json_format(schema: dict[str, Any], name: str = "answer") -> ResponseFormatJSONSchema:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
@@ -41,37 +46,44 @@ def test_fifty_schema_bound_answers_validate_and_free_answers_are_unchanged(smol
     client = async_client(smollm2_server)
 
     async def free(prompt: str) -> str | None:
-        messages = [{"role": "user", "content": prompt}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
         response = await client.chat.completions.create(
             model="test-model", messages=messages, max_tokens=40, temperature=0
         )
         return response.choices[0].message.content
 
-    async def constrained(i: int) -> tuple[dict, str | None, str | None]:
+    async def constrained(i: int) -> tuple[dict[str, Any], str | None, str | None]:
         schema = SCHEMAS[i % len(SCHEMAS)]
-        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + " Answer in JSON."}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + " Answer in JSON."}
+        ]
         response = await client.chat.completions.create(
             model="test-model",
             messages=messages,
             max_tokens=400,
             temperature=0.8,
             seed=i,
-            response_format=json_format(schema),  # type: ignore[arg-type]
+            response_format=json_format(schema),
         )
         choice = response.choices[0]
         return schema, choice.message.content, choice.finish_reason
 
-    async def everything() -> tuple[list, list, list]:
+    async def everything() -> tuple[
+        list[str | None], list[tuple[dict[str, Any], str | None, str | None]], list[str | None]
+    ]:
         alone = [await free(prompt) for prompt in FREE]
         room = asyncio.Semaphore(40)  # within the server's 16 running + 32 queued
 
-        async def limited(coro):  # type: ignore[no-untyped-def]
+        async def limited(coro: Awaitable[T]) -> T:
             async with room:
                 return await coro
 
         # The free requests go in first, so they decode beside grammar-bound rows all the way.
-        mixed = await asyncio.gather(*(limited(free(p)) for p in FREE), *(limited(constrained(i)) for i in range(50)))
-        return alone, list(mixed[len(FREE) :]), list(mixed[: len(FREE)])
+        busy, answers = await asyncio.gather(
+            asyncio.gather(*(limited(free(p)) for p in FREE)),
+            asyncio.gather(*(limited(constrained(i)) for i in range(50))),
+        )
+        return alone, answers, busy
 
     alone, answers, busy = asyncio.run(everything())
     for schema, content, finish_reason in answers:
@@ -90,7 +102,7 @@ class Weather(BaseModel):
 @pytest.mark.slow
 def test_parse_with_a_pydantic_model_and_a_streamed_answer(smollm2_server: ServerProcess) -> None:
     client = sync_client(smollm2_server)
-    messages = [{"role": "user", "content": "What is the weather in Rome today?"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Rome today?"}]
     parsed = client.chat.completions.parse(
         model="test-model", messages=messages, response_format=Weather, max_tokens=200, temperature=0
     )
@@ -102,7 +114,7 @@ def test_parse_with_a_pydantic_model_and_a_streamed_answer(smollm2_server: Serve
         max_tokens=200,
         temperature=0,
         stream=True,
-        response_format=json_format(Weather.model_json_schema(), "weather"),  # type: ignore[arg-type]
+        response_format=json_format(Weather.model_json_schema(), "weather"),
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert Weather.model_validate_json(text) == weather
@@ -115,7 +127,7 @@ def test_a_schema_that_cannot_be_used_is_a_400(tiny_server: ServerProcess) -> No
             model="test-model",
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=5,
-            response_format=json_format({"type": "nonsense"}),  # type: ignore[arg-type]
+            response_format=json_format({"type": "nonsense"}),
         )
     error = caught.value.body
     assert isinstance(error, dict) and error["param"] == "response_format" and "nonsense" in error["message"]
@@ -124,7 +136,7 @@ def test_a_schema_that_cannot_be_used_is_a_400(tiny_server: ServerProcess) -> No
             model="test-model",
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=5,
-            response_format={"type": "json_schema"},  # type: ignore[typeddict-item]
+            extra_body={"response_format": {"type": "json_schema"}},  # no json_schema: past the typed client
         )
     assert "json_schema" in str(caught.value)
 
@@ -134,7 +146,7 @@ def test_costly_grammars_end_alone_and_do_not_stall_a_plain_stream(tiny_server: 
     alone: those
     rows end with an in-stream 400 (grammar_failed) once their masks pass the budget, the plain stream goes on."""
     client = async_client(tiny_server)
-    messages = [{"role": "user", "content": "Tell me a long story."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 
     async def plain() -> float:
         start = time.perf_counter()
@@ -157,7 +169,7 @@ def test_costly_grammars_end_alone_and_do_not_stall_a_plain_stream(tiny_server: 
             max_tokens=400,
             temperature=0,
             stream=True,
-            response_format=json_format(COSTLY),  # type: ignore[arg-type]
+            response_format=json_format(COSTLY),
         )
         try:
             async for _ in stream:
@@ -189,13 +201,13 @@ def test_costly_grammars_end_alone_and_do_not_stall_a_plain_stream(tiny_server: 
 
 def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> None:
     client = sync_client(tiny_server)
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as caught:  # fails mid-answer, not streamed: a 400 all the same
         client.chat.completions.create(
             model="test-model",
             messages=messages,
             max_tokens=400,
-            response_format=json_format(COSTLY),  # type: ignore[arg-type]
+            response_format=json_format(COSTLY),
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "grammar_failed"
@@ -204,7 +216,7 @@ def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> Non
             model="test-model",
             messages=messages,
             max_tokens=5,
-            response_format=json_format({"type": "string", "pattern": "^x{50000}$"}),  # type: ignore[arg-type]
+            response_format=json_format({"type": "string", "pattern": "^x{50000}$"}),
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["param"] == "response_format" and "lexer" in body["message"]
@@ -214,7 +226,7 @@ def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> Non
             model="test-model",
             messages=messages,
             max_tokens=5,
-            response_format=json_format(huge),  # type: ignore[arg-type]
+            response_format=json_format(huge),
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "schema_too_large" and "65,536" in body["message"]
@@ -222,7 +234,7 @@ def test_grammar_failures_and_limits_are_400s(tiny_server: ServerProcess) -> Non
         model="test-model",
         messages=messages,
         max_tokens=40,
-        response_format=json_format(SCHEMAS[0]),  # type: ignore[arg-type]
+        response_format=json_format(SCHEMAS[0]),
     )
     jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMAS[0])
 
