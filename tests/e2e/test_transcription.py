@@ -9,12 +9,21 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import openai
 import pytest
 import srt
 import webvtt
+from openai.types.audio import (
+    Transcription,
+    TranscriptionSegment,
+    TranscriptionTextDeltaEvent,
+    TranscriptionTextDoneEvent,
+    TranscriptionVerbose,
+)
+from openai.types.audio.transcription import UsageDuration
 
 from tests.audio_encoding import low_rate_matroska, low_rate_wav, silent_flac
 from tests.e2e.conftest import async_client, sync_client
@@ -29,9 +38,30 @@ LIBRISPEECH = "librispeech-7021-79759-0004.wav"
 LONG = "flite-longform.wav"
 
 
-def transcribe(server: ServerProcess, clip: Path, **kwargs: object) -> object:
+def transcribe(server: ServerProcess, clip: Path) -> Transcription:
     with clip.open("rb") as f:
-        return sync_client(server).audio.transcriptions.create(model=MODEL, file=f, **kwargs)  # type: ignore[call-overload]
+        return sync_client(server).audio.transcriptions.create(model=MODEL, file=f)
+
+
+def transcribe_as(server: ServerProcess, clip: Path, response_format: Literal["text", "srt", "vtt"]) -> str:
+    with clip.open("rb") as f:
+        return sync_client(server).audio.transcriptions.create(model=MODEL, file=f, response_format=response_format)
+
+
+def transcribe_verbose(
+    server: ServerProcess, clip: Path, *granularities: Literal["word", "segment"]
+) -> tuple[TranscriptionVerbose, list[TranscriptionSegment]]:
+    """The verbose_json transcription and its segments (always there)."""
+    with clip.open("rb") as f:
+        client = sync_client(server)
+        if granularities:
+            verbose = client.audio.transcriptions.create(
+                model=MODEL, file=f, response_format="verbose_json", timestamp_granularities=list(granularities)
+            )
+        else:
+            verbose = client.audio.transcriptions.create(model=MODEL, file=f, response_format="verbose_json")
+    assert verbose.segments is not None
+    return verbose, verbose.segments
 
 
 def seconds(clock: str) -> float:
@@ -44,22 +74,25 @@ def test_every_format_through_the_openai_client(whisper_server: ServerProcess, a
     expected = "Without going to any such extreme as this, we can easily see on reflection how vast"
     plain = transcribe(whisper_server, clip)
     assert plain.text.startswith(expected) and plain.text.endswith("upon the mind.")
-    assert plain.usage.type == "duration" and plain.usage.seconds == 25  # 24.47 s, rounded up
-    assert transcribe(whisper_server, clip, response_format="text") == plain.text + "\n"
-    verbose = transcribe(whisper_server, clip, response_format="verbose_json")
+    assert isinstance(plain.usage, UsageDuration) and plain.usage.seconds == 25  # 24.47 s, rounded up
+    assert transcribe_as(whisper_server, clip, "text") == plain.text + "\n"
+    verbose, segments = transcribe_verbose(whisper_server, clip)
     assert verbose.text == plain.text and verbose.language == "english" and verbose.duration == pytest.approx(24.47)
-    assert "".join(s.text for s in verbose.segments).strip() == plain.text
-    assert verbose.segments[0].text.startswith(" ") and verbose.words is None
-    subtitles = list(srt.parse(transcribe(whisper_server, clip, response_format="srt")))
-    captions = webvtt.from_buffer(io.StringIO(transcribe(whisper_server, clip, response_format="vtt"))).captions
-    assert [c.content for c in subtitles] == [c.text for c in captions] == [s.text.strip() for s in verbose.segments]
-    assert [c.start.total_seconds() for c in subtitles] == [s.start for s in verbose.segments]
-    assert [seconds(c.end) for c in captions] == pytest.approx([s.end for s in verbose.segments], abs=0.0005)
+    assert "".join(s.text for s in segments).strip() == plain.text
+    assert segments[0].text.startswith(" ") and verbose.words is None
+    subtitles = list(srt.parse(transcribe_as(whisper_server, clip, "srt")))
+    captions = webvtt.from_buffer(io.StringIO(transcribe_as(whisper_server, clip, "vtt"))).captions
+    assert [c.content for c in subtitles] == [c.text for c in captions] == [s.text.strip() for s in segments]
+    assert [c.start.total_seconds() for c in subtitles] == [s.start for s in segments]
+    assert [seconds(c.end) for c in captions] == pytest.approx([s.end for s in segments], abs=0.0005)
     with clip.open("rb") as f:
         events = list(sync_client(whisper_server).audio.transcriptions.create(model=MODEL, file=f, stream=True))
-    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1) and len(events) > 2
-    assert "".join(e.delta for e in events[:-1]) == events[-1].text == plain.text
-    assert events[-1].type == "transcript.text.done" and events[-1].usage.seconds == 25
+    *deltas, done = events
+    texts = [e.delta for e in deltas if isinstance(e, TranscriptionTextDeltaEvent)]
+    assert len(texts) == len(deltas) and len(events) > 2
+    assert isinstance(done, TranscriptionTextDoneEvent) and "".join(texts) == done.text == plain.text
+    # The server reports the seconds billed, as the non-streamed usage does; the client's type knows only tokens.
+    assert done.usage is not None and done.usage.to_dict()["seconds"] == 25
 
 
 @pytest.mark.parametrize("name", SHORT)
@@ -94,14 +127,11 @@ def test_concurrent_transcriptions_of_mixed_lengths_equal_each_alone(
 def test_long_form_text_and_times(whisper_server: ServerProcess, whisper_dir: Path, audio_dir: Path) -> None:
     clip = audio_dir / LONG
     reference = (audio_dir / "longform.txt").read_text()
-    result = transcribe(
-        whisper_server, clip, response_format="verbose_json", timestamp_granularities=["segment", "word"]
-    )
+    result, segments = transcribe_verbose(whisper_server, clip, "segment", "word")
     ours, theirs = word_error_rate(reference, result.text), word_error_rate(reference, generate_text(whisper_dir, clip))
     assert ours <= 0.05 and ours <= theirs, (ours, theirs)
     duration = samples(clip).size / 16000
     assert result.duration == pytest.approx(duration, abs=0.01)
-    segments = result.segments
     assert len(segments) >= 10 and {s.seek for s in segments} >= {0}
     assert len({s.seek for s in segments}) >= 3  # three windows, each starting where the last segment closed
     for before, after in zip(segments, segments[1:], strict=False):
@@ -110,6 +140,7 @@ def test_long_form_text_and_times(whisper_server: ServerProcess, whisper_dir: Pa
     assert all(s.avg_logprob < 0 and s.compression_ratio > 0 and 0 <= s.no_speech_prob <= 1 for s in segments)
     # Words: in order, inside the audio and inside their segment; together they are the text.
     found = result.words
+    assert found is not None
     assert words(" ".join(w.word for w in found)) == words(result.text)
     assert all(a.start <= a.end <= b.start + 1e-6 for a, b in zip(found, found[1:], strict=False))
     assert found[0].start >= 0 and found[-1].end <= duration
@@ -124,7 +155,7 @@ def test_long_form_text_and_times(whisper_server: ServerProcess, whisper_dir: Pa
 
 def test_streamed_deltas_and_cues_join_to_the_response(whisper_server: ServerProcess, audio_dir: Path) -> None:
     clip = audio_dir / LONG
-    full = transcribe(whisper_server, clip, response_format="verbose_json")
+    full, segments = transcribe_verbose(whisper_server, clip)
     with httpx.stream(
         "POST",
         f"{whisper_server.base_url}/audio/transcriptions",
@@ -139,9 +170,9 @@ def test_streamed_deltas_and_cues_join_to_the_response(whisper_server: ServerPro
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
     cues = [e for e in events if e["type"] == "transcript.text.segment"]
     assert "".join(deltas) == events[-1]["text"] == full.text and events[-1]["type"] == "transcript.text.done"
-    expected = [(s.start, s.end, s.text.strip()) for s in full.segments]
+    expected = [(s.start, s.end, s.text.strip()) for s in segments]
     assert [(c["start"], c["end"], c["text"]) for c in cues] == expected
-    assert [c["id"] for c in cues] == [f"seg_{s.id}" for s in full.segments]
+    assert [c["id"] for c in cues] == [f"seg_{s.id}" for s in segments]
 
 
 def test_mp3_and_wav_give_the_same_text(whisper_server: ServerProcess, whisper_dir: Path, audio_dir: Path) -> None:
@@ -201,7 +232,7 @@ BAD_FIELDS = [
 
 @pytest.mark.parametrize(("fields", "content", "status", "param"), BAD_FIELDS)
 def test_bad_files_and_fields_get_their_4xx(
-    whisper_server: ServerProcess, fields: dict, content: bytes | None, status: int, param: str | None
+    whisper_server: ServerProcess, fields: dict[str, Any], content: bytes | None, status: int, param: str | None
 ) -> None:
     files = None if content is None else {"file": ("clip.wav", content)}
     response = httpx.post(f"{whisper_server.base_url}/audio/transcriptions", data=fields, files=files, timeout=60)
@@ -258,7 +289,7 @@ def test_a_full_server_answers_429_and_a_running_long_form_is_never_refused(
     server = start_server(whisper_dir, server_logs, "--max-batch-size", "1", "--max-queue", "0")
     try:
         url = f"{server.base_url}/audio/transcriptions"
-        events: list[dict] = []
+        events: list[dict[str, Any]] = []
         started = threading.Event()
 
         def long_form() -> None:
