@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 
 @lru_cache(maxsize=3)
-def load(model_dir: str, int8_dynamic: bool = False):  # type: ignore[no-untyped-def]
+def load(model_dir: str, int8_dynamic: bool = False):  # unannotated: the Auto* class is chosen at run time
     """The model as the server loads it (a quantized checkpoint by its own quantizer); `int8_dynamic`: with the
     linear layers `--quantization int8-dynamic` swaps on a CPU."""
     torch.set_num_threads(1)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
 
 @lru_cache(maxsize=1)
-def _load(model_dir: str):  # type: ignore[no-untyped-def]
+def _load(
+    model_dir: str,
+) -> tuple[WhisperForConditionalGeneration, PreTrainedTokenizerBase, WhisperFeatureExtractor]:
     from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     torch.set_num_threads(1)
@@ -37,7 +43,8 @@ def generate_text(model_dir: Path, clip: Path) -> str:
         sampling_rate=16000,
         return_tensors="pt",
         return_attention_mask=long_form,
-        **({"truncation": False, "padding": "longest"} if long_form else {}),
+        truncation=not long_form,  # the extractor's defaults (one padded 30 s window) unless long-form
+        padding="longest" if long_form else "max_length",
     )
     with torch.inference_mode():
         out = model.generate(inputs.input_features, attention_mask=inputs.get("attention_mask"), return_timestamps=True)
