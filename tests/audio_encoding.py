@@ -22,6 +22,7 @@ def encoded(clip: bytes, container: str, codec: str, rate: int = RATE) -> bytes:
     out = io.BytesIO()
     with av.open(out, mode="w", format=container) as target:
         stream = target.add_stream(codec, rate=rate, layout=layout)
+        assert isinstance(stream, av.AudioStream)
         stream.codec_context.options = {"strict": "experimental"}  # FFmpeg's own vorbis encoder is experimental
         size = stream.codec_context.frame_size or 1024  # most encoders take frames of exactly their size
         for start in range(0, channels.shape[1], size):

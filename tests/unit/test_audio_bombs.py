@@ -9,6 +9,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 import librosa
 import numpy as np
@@ -105,7 +106,7 @@ def test_a_frame_past_the_limit_is_refused_before_it_is_resampled(monkeypatch: p
     real = av.AudioResampler
 
     class CountingResampler:
-        def __init__(self, **kwargs: object) -> None:
+        def __init__(self, **kwargs: Any) -> None:  # handed on to the real resampler as they come
             self.inner = real(**kwargs)
 
         def resample(self, frame: av.AudioFrame | None) -> list[av.AudioFrame]:
@@ -154,14 +155,19 @@ def test_block_by_block_equals_librosa_whole(rate: int, channels: int, monkeypat
     np.testing.assert_allclose(samples, expected, rtol=0, atol=1e-6)
 
 
+def upload(spooled: tempfile.SpooledTemporaryFile[bytes]) -> BinaryIO:
+    """The spooled file as Starlette's UploadFile.file hands it on (typed BinaryIO there)."""
+    return cast(BinaryIO, spooled)
+
+
 def test_a_spooled_upload_decodes_like_its_bytes(audio_dir: Path) -> None:
     data = (audio_dir / "flite-s1.wav").read_bytes()
     with tempfile.SpooledTemporaryFile(max_size=1024) as spooled:  # past 1 KB: on disk, as Starlette spools
         spooled.write(data)
         spooled.seek(0)
-        np.testing.assert_array_equal(decode_audio(spooled, RATE, 60), decode_audio(data, RATE, 60))
+        np.testing.assert_array_equal(decode_audio(upload(spooled), RATE, 60), decode_audio(data, RATE, 60))
 
 
 def test_an_empty_spooled_upload_is_refused() -> None:
     with tempfile.SpooledTemporaryFile() as spooled, pytest.raises(BadRequestError, match="is empty"):
-        decode_audio(spooled, RATE, 60, "empty.wav")
+        decode_audio(upload(spooled), RATE, 60, "empty.wav")

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from transformers_openai.engine.embedding_engine import EmbeddingEngine, batches, cut_pieces
+from transformers_openai.engine.embedding_engine import Embedder, EmbeddingEngine, batches, cut_pieces
 from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
 
 
@@ -47,7 +47,7 @@ def test_batches_keep_similar_lengths_together() -> None:
     assert len(full) == 1
 
 
-async def _engine(runner: CountingRunner, **limits: int) -> EmbeddingEngine:
+async def _engine(runner: Embedder, **limits: int) -> EmbeddingEngine:
     engine = EmbeddingEngine(
         runner,
         **{"max_rows": 64, "max_tokens": 4096, "max_requests": 64, "threads": 1, "forward_cost": 10_000, **limits},

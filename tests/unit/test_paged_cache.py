@@ -7,6 +7,7 @@ import torch
 
 from transformers_openai.engine.block_pool import BlockPool
 from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.kv.kv_cache import OwnedLayer
 from transformers_openai.runners.kv.paged_cache import KVGeometry, PagedKVCache
 
 torch.set_num_threads(1)
@@ -25,6 +26,13 @@ def new_kv(rows: int, queries: int, seed: int) -> tuple[torch.Tensor, torch.Tens
     return torch.rand(shape, generator=g) + 1, torch.rand(shape, generator=g) + 1
 
 
+def owned(cache: PagedKVCache, layer: int) -> OwnedLayer:
+    """A layer of the cache, as the model's attention reaches it."""
+    found = cache.layers[layer]
+    assert isinstance(found, OwnedLayer)
+    return found
+
+
 def step(pool: BlockPool, cache: PagedKVCache, rows: list[tuple[BlockTable, int]], seed: int):
     """Runs one planned step through every layer; returns the plan, the new K/V and each layer's read-back."""
     for table, n in rows:
@@ -35,7 +43,7 @@ def step(pool: BlockPool, cache: PagedKVCache, rows: list[tuple[BlockTable, int]
     with cache.running(plan):
         assert cache.past == plan.width - plan.queries
         for layer in range(LAYERS):
-            k, v = cache.layers[layer].update(key + layer, value + layer)
+            k, v = owned(cache, layer).update(key + layer, value + layer)
             reads.append((k.clone(), v.clone()))
     for table, n in rows:
         pool.written(table, [0] * n)
@@ -139,7 +147,7 @@ def grouped_step(cache: PagedKVCache, pool: BlockPool, rows: list[tuple[BlockTab
     key, value = new_kv(len(rows), plan.queries, seed)
     query = torch.randn(len(rows), Q_HEADS, plan.queries, DIM, generator=torch.Generator().manual_seed(seed + 100))
     with cache.running(plan):
-        cache.layers[0].update(key, value)
+        owned(cache, 0).update(key, value)
         out = cache.attend(0, query, None)
     for table, n in rows:
         pool.written(table, [0] * n)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def test_cls_last_and_max() -> None:
 
 
 def _pipeline(tmp_path: Path, modules: list[str], pooling: dict[str, bool], max_seq_length: int = 128) -> Path:
-    entries = [
+    entries: list[dict[str, Any]] = [  # modules.json
         {"idx": i, "name": str(i), "path": f"{i}_{m}", "type": f"sentence_transformers.models.{m}"}
         for i, m in enumerate(modules)
     ]
