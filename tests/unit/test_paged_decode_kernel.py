@@ -27,7 +27,15 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., torch.Tens
     return attention
 
 
-def gathered(query, keys, values, tables, lengths, block=BLOCK, scale=None):  # type: ignore[no-untyped-def]
+def gathered(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block: int = BLOCK,
+    scale: float | None = None,
+) -> torch.Tensor:
     """The reference: each row's tokens read out of the pool, padded to the widest, masked past its length."""
     rows, width = tables.shape
     slots = (tables[:, :, None] * block + torch.arange(block)).reshape(rows, width * block)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from transformers import GPT2Config, LlamaConfig, Qwen2Config, T5Config
+from transformers import GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config, T5Config
 
 from transformers_openai.parallel.checks import tensor_parallel_problem
 
 
-def problem(config, kind: str = "causal-lm", size: int = 2, **settings) -> str | None:  # type: ignore[no-untyped-def]
+def problem(config: PretrainedConfig, kind: str = "causal-lm", size: int = 2, **settings: Any) -> str | None:
     return tensor_parallel_problem(
         config, kind, size, settings.get("quantization", "none"), settings.get("gguf_file"), settings.get("device_map")
     )
@@ -32,7 +34,7 @@ def test_a_model_whose_heads_divide_is_taken() -> None:
         (GPT2Config(), 2, "no tensor-parallel plan for gpt2 models"),
     ],
 )
-def test_a_model_it_cannot_split_is_named(config, size: int, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_it_cannot_split_is_named(config: PretrainedConfig, size: int, message: str) -> None:
     found = problem(config, size=size)
     assert found is not None and message in found and f"--tensor-parallel-size {size}" in found
 

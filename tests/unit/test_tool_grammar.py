@@ -21,7 +21,7 @@ from transformers_openai.serving.text.tool_formats import FORMATS, HERMES, ToolF
 from transformers_openai.serving.text.tool_parser import parse_answer
 from transformers_openai.serving.tokenizer import TokenizerService
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {

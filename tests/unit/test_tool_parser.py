@@ -5,23 +5,26 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from typing import Any
 
 import pytest
 
 from transformers_openai.serving.text.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat
 from transformers_openai.serving.text.tool_parser import (
     ArgumentsDelta,
+    CallScan,
     CallStarted,
     ContentDelta,
     ObjectScanner,
     ParsedAnswer,
     ToolCallParser,
+    ToolEvent,
     gather,
     parse_answer,
 )
 
 
-def ids() -> itertools.count:
+def ids() -> itertools.count[int]:
     return itertools.count()
 
 
@@ -30,7 +33,7 @@ def whole(tool_format: ToolFormat, text: str) -> ParsedAnswer:
     return parse_answer(tool_format, text, lambda: f"call_{next(counter)}")
 
 
-def streamed(tool_format: ToolFormat, pieces: list[str]) -> tuple[ParsedAnswer, list]:
+def streamed(tool_format: ToolFormat, pieces: list[str]) -> tuple[ParsedAnswer, list[ToolEvent]]:
     counter = ids()
     parser = ToolCallParser(tool_format, lambda: f"call_{next(counter)}")
     events = [event for piece in pieces for event in parser.feed(piece)] + parser.finish()
@@ -82,7 +85,7 @@ CASES = [
 
 @pytest.mark.parametrize(("tool_format", "text", "content", "calls"), CASES)
 def test_calls_and_content_are_read_whole_and_streamed_alike(
-    tool_format: ToolFormat, text: str, content: str | None, calls: list
+    tool_format: ToolFormat, text: str, content: str | None, calls: list[tuple[str, Any]]
 ) -> None:
     answer = whole(tool_format, text)
     assert answer.content == content
@@ -119,7 +122,7 @@ def test_an_answer_cut_inside_a_call_keeps_what_it_has() -> None:
     assert answer.content is None and [(n, a) for _, n, a in answer.calls] == [("f", '{"q": 1')]
 
 
-def test_a_long_argument_streams_in_linear_time() -> None:
+def test_a_long_argument_streams_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each piece is read once: a 20,000-character argument in 4-character pieces is not read 5,000 times."""
     content = json.dumps({"path": "a.py", "content": "x = 1\n" * 3000})
     text = '<tool_call>\n{"name": "write_file", "arguments": ' + content + "}\n</tool_call>"
@@ -127,17 +130,14 @@ def test_a_long_argument_streams_in_linear_time() -> None:
     reads = 0
     original = ObjectScanner.scan
 
-    def counted(self: ObjectScanner, body: str) -> object:
+    def counted(self: ObjectScanner, body: str) -> CallScan:
         nonlocal reads
         before = self._next
         result = original(self, body)
         reads += self._next - before
         return result
 
-    ObjectScanner.scan = counted  # type: ignore[method-assign]
-    try:
-        answer, _ = streamed(HERMES, pieces)
-    finally:
-        ObjectScanner.scan = original  # type: ignore[method-assign]
+    monkeypatch.setattr(ObjectScanner, "scan", counted)
+    answer, _ = streamed(HERMES, pieces)
     assert json.loads(answer.calls[0][2]) == json.loads(content)
     assert reads <= len(text)

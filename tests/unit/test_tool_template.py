@@ -23,7 +23,9 @@ def tokenizer(tiny_llama_dir: Path) -> Any:
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
 @pytest.mark.parametrize("generation_prompt", [True, False])
-def test_without_tools_it_renders_as_the_models_own(tokenizer: Any, conversation: list, generation_prompt: bool):
+def test_without_tools_it_renders_as_the_models_own(
+    tokenizer: Any, conversation: list[dict[str, Any]], generation_prompt: bool
+) -> None:
     own = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=generation_prompt)
     ours = tokenizer.apply_chat_template(
         conversation, tokenize=False, add_generation_prompt=generation_prompt, chat_template=TEMPLATE.read_text()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor
 from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
@@ -35,7 +35,7 @@ class Row:
     output_ids: list[int]
 
 
-def hf_processors() -> list:
+def hf_processors() -> list[LogitsProcessor]:
     config = GenerationConfig(
         no_timestamps_token_id=NO_TIMESTAMPS,
         eos_token_id=EOT,
@@ -100,7 +100,7 @@ def test_first_token_is_an_early_timestamp_and_pairs_close() -> None:
     after_text = torch.zeros(1, VOCAB)
     after_text[0, :BEGIN] = 10.0  # text likelier than all timestamps together: the mass rule stays out of it
     rules(after_text, [Row(PREFIX, [BEGIN + 3, 42, BEGIN + 8])])  # an open segment just closed: timestamp or end
-    allowed = set(torch.nonzero(~torch.isinf(after_text[0])).flatten().tolist())
+    allowed_after = set(torch.nonzero(~torch.isinf(after_text[0])).flatten().tolist())
     # OpenAI bans the text below end of text only; the suppressed control tokens stay banned.
     specials = set(range(EOT, NO_TIMESTAMPS)) - set(TOKENS.suppress)
-    assert allowed == specials | set(range(BEGIN + 8, VOCAB))
+    assert allowed_after == specials | set(range(BEGIN + 8, VOCAB))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 import torch
@@ -26,7 +28,7 @@ from transformers_openai.serving.speech.word_timing import (
 class Vocab:
     """A byte-level fake tokenizer: token id i is the i-th byte string; decoding replaces broken UTF-8 like BPE."""
 
-    def __init__(self, pieces: list[str | bytes]) -> None:
+    def __init__(self, pieces: Sequence[str | bytes]) -> None:
         self.pieces = [p.encode() if isinstance(p, str) else p for p in pieces]
 
     def decode(self, ids: list[int]) -> str:
@@ -229,7 +231,7 @@ def test_long_words_elsewhere_are_left_alone() -> None:
 def test_words_after_a_long_pause_last_at_most_two_medians() -> None:
     words = timed((" After", 10.0, 14.0), (" a", 14.0, 14.2))
     clamp_after_pause(words, last_speech_time=5.0, median=0.3, floor=10.0)
-    assert (words[0].start, words[0].end) == (pytest.approx(13.4), 14.0)
+    assert words[0].start == pytest.approx(13.4) and words[0].end == 14.0
 
     words = timed((" After", 10.0, 11.0), (" that", 11.0, 14.0))
     clamp_after_pause(words, last_speech_time=5.0, median=0.3, floor=10.0)
