@@ -34,4 +34,15 @@ ruff check transformers_openai tests stress-test scripts
 clang-format --dry-run -Werror transformers_openai/runners/kernels/csrc/*.cpp
 mypy transformers_openai
 # -rs: each skipped test with its reason in the summary; --durations: the slowest tests, where time goes.
-python -m pytest -q -rs --durations=30 -p no:cacheprovider "$@"
+report=(-q -rs --durations=30 -p no:cacheprovider)
+# First everything but the `serial` tests on TEST_WORKERS (2) xdist workers, a module at a time (loadgroup: its
+# servers start once), in the order tests/conftest.py gives (the quick start first, the quick tests last to fill in);
+# then the tests marked `serial`, which assert on wall-clock time, alone. Exit status 5 is pytest's "none selected".
+status=0
+python -m pytest "${report[@]}" -n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder -m "not serial" "$@" \
+  || status=$?
+serial=0
+python -m pytest "${report[@]}" -m serial "$@" || serial=$?
+if [ "$status" = 5 ] && [ "$serial" != 5 ]; then status=0; fi
+if [ "$serial" != 0 ] && [ "$serial" != 5 ] && [ "$status" = 0 ]; then status=$serial; fi
+exit "$status"

