@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -33,6 +34,7 @@ from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.parallel.checks import tensor_parallel_problem
@@ -40,7 +42,7 @@ from transformers_openai.parallel.leader import Leader
 from transformers_openai.parallel.ranks import Ranks, join_ranks
 from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.quantization import plan_quantization
-from transformers_openai.runners.base import ModelRunner
+from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -198,12 +200,12 @@ def load_serving_context(
     kind = detect_kind(config, settings.model_kind, sentence_transformers)
     spec = MODEL_KINDS[kind]
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
     phases.done("config and tokenizer")
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
     ranks = _join_ranks(settings, config, kind, leader.rendezvous if leader is not None else None)
+    dtype = resolve_dtype(settings.dtype, device)
     model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels.
@@ -211,67 +213,100 @@ def load_serving_context(
         phases.done("packing")
     if pooling is not None:  # a kind with an engine of its own
         context = replace(embedding_context(settings, config, tokenizer, model, pooling), quantization=quantization)
-        phases.done("warm-up")
-        logger.info("start-up took %s", phases.summary())
-        return context
+    else:
+        context = _generation_context(settings, kind, model, tokenizer, quantization, observer, leader, ranks, phases)
+    logger.info("start-up took %s", phases.summary())
+    return context
+
+
+def _generation_context(
+    settings: Settings,
+    kind: str,
+    model: PreTrainedModel,
+    tokenizer: Any,
+    quantization: str,
+    observer: EngineObserver | None,
+    leader: Leader | None,
+    ranks: Ranks | None,
+    phases: StartupPhases,
+) -> ServingContext:
+    """The engine over the kind's runner, prepared as the settings allow, and what serving it needs."""
+    spec = MODEL_KINDS[kind]
     assert spec.build_runner is not None
     max_len = spec.context_length(model, settings.max_model_len)
-    max_input_len = encoder_input_length(config, tokenizer) if spec.text_encoder else None
+    max_input_len = encoder_input_length(model.config, tokenizer) if spec.text_encoder else None
     logger.info(
-        "loaded %s (%s) on %s as %s, quantization %s, context %d",
-        settings.model,
-        kind,
-        device,
-        dtype,
-        quantization,
-        max_len,
+        "loaded %s (%s) on %s as %s, quantization %s", settings.model, kind, model.device, model.dtype, quantization
     )
     kv_space = _kv_space(settings, model.device, ranks)
     rows = settings.batch_rows(kind)
-    runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
-    if leader is not None and ranks is not None and isinstance(runner, CausalLMRunner):  # the only kind it takes
-        runner.executor = leader.lead(runner.executor, ranks)
+    runner, speech_runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
     phases.done("K/V cache")
-    lookahead = False  # decode steps launched before the last one's tokens are recorded (engine/core.py)
-    accelerated = not settings.enforce_eager and not settings.device_map
-    store = private_store(settings.compile_cache_dir) if accelerated and model.device.type == "cpu" else None
-    if isinstance(runner, CausalLMRunner) and not settings.enforce_eager and not settings.device_map:
-        if model.device.type == "cuda" and runner.fix_steps(graphs=True):
-            phases.done("CUDA graphs")
-            lookahead = True
-            # A step's host work is a fraction of its device time: the engine thread, waiting for the device
-            # without the GIL, must get it back soon, not after the 5 ms the event loop may keep it by default.
-            sys.setswitchinterval(GPU_ENGINE_SWITCH_INTERVAL_S)
-        # A CPU compiles the decode step, or loads it as an earlier start compiled it (batch sizes and widths
-        # symbolic); prompts keep the grouped eager prefill. Quantized layers keep their own kernels, eagerly.
-        elif model.device.type == "cpu" and settings.cpu_compile and quantization == "none":
-            if not has_cxx_compiler():
-                logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
-            elif runner.fix_steps(graphs=False, compiled=True, prefills=False, store=store):
-                phases.done("compiled decode step")
-    # Whisper's decode steps on a CPU: cross-attention through the kernel that reads each row's K/V as kept.
-    if (
-        isinstance(runner, WhisperRunner)
-        and not settings.enforce_eager
-        and store is not None
-        and runner.read_cross_in_place(store)
-    ):
-        logger.info("decode cross-attention reads each row's K/V in place (cross-attention kernel)")
-        phases.done("cross-attention kernel")
-    if runner.max_model_len < max_len:
+    prepared = runner.prepare(_acceleration(settings, model, quantization, leader, ranks))
+    for done in prepared.done:
+        phases.done(done)
+    if prepared.asynchronous:
+        # A step's host work is a fraction of its device time: the engine thread, waiting for the device without
+        # the GIL, must get it back soon, not after the 5 ms the event loop may keep it by default.
+        sys.setswitchinterval(GPU_ENGINE_SWITCH_INTERVAL_S)
+    if runner.spec.max_model_len < max_len:
         logger.warning(
             "the K/V cache (--kv-cache-memory %.0f MiB) holds at most %d tokens per request: context lowered from %d",
             kv_space.bytes / 2**20,
-            runner.max_model_len,
+            runner.spec.max_model_len,
             max_len,
         )
-        max_len = runner.max_model_len
+        max_len = runner.spec.max_model_len
+    logger.info("context %d tokens, %d rows", max_len, rows)
     scheduler = Scheduler(rows, settings.max_queue, settings.max_prefill_tokens)
-    detokenizer = engine_decoder(tokenizer)
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
     cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
     threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None
-    core = EngineCore(runner, detokenizer, scheduler, stop_token_ids(model, tokenizer), observer, threads, lookahead)
+    stops = stop_token_ids(model, tokenizer)
+    core = EngineCore(runner, engine_decoder(tokenizer), scheduler, stops, observer, threads, prepared.asynchronous)
+    engine = AsyncEngine(core)
+    speech = None
+    if speech_runner is not None:
+        speech = _speech_model(settings, model, tokenizer, SpeechCalls(engine, speech_runner), observer)
+    limits = (max_len, max_input_len, scheduler.capacity)
+    return _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+
+
+def _acceleration(
+    settings: Settings, model: PreTrainedModel, quantization: str, leader: Leader | None, ranks: Ranks | None
+) -> Acceleration:
+    """What a runner may set up before serving: on a GPU CUDA graphs; on a CPU decode steps compiled (or loaded as an
+    earlier start compiled them; quantized layers keep their own kernels, eagerly) and kernels that read K/V in place,
+    kept in the compile store; with tensor parallelism, steps run on every rank."""
+    distribute = None
+    if leader is not None and ranks is not None:
+        distribute = partial(leader.lead, ranks=ranks)
+    if settings.enforce_eager or settings.device_map:
+        return Acceleration(distribute=distribute)
+    if model.device.type == "cuda":
+        return Acceleration(graphs=True, distribute=distribute)
+    compiled = settings.cpu_compile and quantization == "none"
+    if compiled and not has_cxx_compiler():
+        logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
+        compiled = False
+    store = private_store(settings.compile_cache_dir)
+    return Acceleration(compiled=compiled, kernels=True, store=store, distribute=distribute)
+
+
+def _serving_context(
+    settings: Settings,
+    kind: str,
+    tokenizer: Any,
+    engine: AsyncEngine,
+    limits: tuple[int, int | None, int],
+    speech: SpeechModel | None,
+    quantization: str,
+    phases: StartupPhases,
+) -> ServingContext:
+    """The serving side of a generating model: its templates, tool format, grammars and `limits` (context, encoder
+    input and sequences at once), warmed up."""
+    spec = MODEL_KINDS[kind]
+    max_len, max_input_len, max_sequences = limits
     template = settings.chat_template.read_text() if settings.chat_template else None
     tokenizer_service = TokenizerService(tokenizer, template)
     tool_format = (
@@ -279,7 +314,6 @@ def load_serving_context(
         if settings.tool_call_parser == "auto"
         else FORMATS[settings.tool_call_parser]
     )
-    speech = _speech_model(settings, model, tokenizer, observer) if Capability.SPEECH in spec.capabilities else None
     structured = (
         StructuredOutputs(tokenizer, settings.max_schema_bytes, settings.grammar_cache_bytes)
         if Capability.TEXT in spec.capabilities
@@ -291,17 +325,15 @@ def load_serving_context(
     if speech is not None:
         warm_up_decoder(speech.sampling_rate)
     phases.done("warm-up")
-    limits = PromptLimits(
+    prompt_limits = PromptLimits(
         max_messages=settings.max_chat_messages,
         max_content_parts=settings.max_content_parts,
         max_prompt_tokens=max_input_len or max_len,
         max_token_chars=tokenizer_service.longest_token_chars(),
-        max_sequences=scheduler.capacity,
+        max_sequences=max_sequences,
     )
-    phases.done("prompt limits")
-    logger.info("start-up took %s", phases.summary())
     return ServingContext(
-        engine=AsyncEngine(core),
+        engine=engine,
         tokenizer=tokenizer_service,
         model_name=settings.model_name,
         model_aliases=frozenset({settings.model_name, settings.model}),
@@ -315,7 +347,7 @@ def load_serving_context(
         encoder_decoder=spec.text_encoder,
         structured=structured,
         tool_format=tool_format,
-        prompt_limits=limits,
+        prompt_limits=prompt_limits,
         max_stored_responses=settings.max_stored_responses,
         max_stored_response_bytes=settings.max_stored_response_bytes,
         quantization=quantization,
@@ -407,13 +439,16 @@ def _kv_space(settings: Settings, device: torch.device, ranks: Ranks | None) -> 
     return replace(space, bytes=ranks.smallest(budget))
 
 
-def _speech_model(settings: Settings, model: PreTrainedModel, tokenizer: Any, observer: object) -> SpeechModel:
+def _speech_model(
+    settings: Settings, model: PreTrainedModel, tokenizer: Any, calls: SpeechCalls, observer: object
+) -> SpeechModel:
     feature_extractor = AutoFeatureExtractor.from_pretrained(settings.model)  # type: ignore[no-untyped-call]
     multilingual = bool(getattr(model.generation_config, "is_multilingual", model.config.vocab_size >= 51865))
     on_transcription = getattr(observer, "on_transcription", None)
     return SpeechModel(
         feature_extractor=feature_extractor,
         tokens=WhisperTokens.from_tokenizer(tokenizer, multilingual),
+        calls=calls,
         max_audio_seconds=settings.max_audio_seconds,
         max_audio_decodes=settings.max_audio_decodes,
         observer=cast(SpeechObserver, observer) if on_transcription is not None else None,
@@ -425,10 +460,19 @@ class ModelKind:
     """Everything that differs between the kinds of model served: one entry each, in one place."""
 
     model_class: Any
-    build_runner: Callable[[PreTrainedModel, int, int, int, KVSpace], ModelRunner] | None  # None: its own engine
+    # (model, rows, context, encoder input length, K/V budget) -> the runner, and the same as a speech model (its
+    # work outside the batch) for a kind that transcribes. None: a kind with its own engine.
+    build_runner: Callable[[PreTrainedModel, int, int, int, KVSpace], BuiltRunner] | None
     capabilities: frozenset[Capability]
     context_length: Callable[[PreTrainedModel, int | None], int]
     text_encoder: bool = False  # the text prompt is the encoder's input (T5), with its own length limit
+
+
+BuiltRunner = tuple[ModelRunner, SpeechRunner | None]
+
+
+def _speech_runner(runner: WhisperRunner) -> BuiltRunner:
+    return runner, runner
 
 
 def _text_context(model: PreTrainedModel, requested: int | None) -> int:
@@ -443,12 +487,18 @@ def _decoder_positions(model: PreTrainedModel, requested: int | None) -> int:
 _TEXT = frozenset({Capability.TEXT})
 MODEL_KINDS: dict[str, ModelKind] = {
     "causal-lm": ModelKind(
-        AutoModelForCausalLM, lambda m, rows, n, _, kv: CausalLMRunner(m, rows, n, kv), _TEXT, _text_context
+        AutoModelForCausalLM, lambda m, rows, n, _, kv: (CausalLMRunner(m, rows, n, kv), None), _TEXT, _text_context
     ),
-    "seq2seq": ModelKind(AutoModelForSeq2SeqLM, Seq2SeqRunner, _TEXT, _text_context, text_encoder=True),
+    "seq2seq": ModelKind(
+        AutoModelForSeq2SeqLM,
+        lambda m, rows, n, inputs, kv: (Seq2SeqRunner(m, rows, n, inputs, kv), None),
+        _TEXT,
+        _text_context,
+        text_encoder=True,
+    ),
     "whisper": ModelKind(
         WhisperForConditionalGeneration,
-        lambda m, rows, n, _, kv: WhisperRunner.with_rules(m, rows, kv),
+        lambda m, rows, n, _, kv: _speech_runner(WhisperRunner.with_rules(m, rows, kv)),
         frozenset({Capability.SPEECH}),
         _decoder_positions,
     ),

@@ -86,7 +86,7 @@ def drive(core: EngineCore, requests: list[EngineRequest], every: int, on_step=N
 def test_staggered_batch_matches_generate(core, requests, reference, every: int) -> None:
     tokens = drive(core, requests, every)
     assert tokens == reference
-    assert core.runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
     assert not core.has_work()
 
 
@@ -97,10 +97,10 @@ def test_abort_frees_row_and_others_still_match(core, requests, reference) -> No
     def abort_midway(step: int, tokens: dict[str, list[int]]) -> None:
         if step == 5:
             assert victim in core.scheduler.running and 0 < len(tokens[victim]) < NEW_TOKENS
-            rows = core.runner.rows_in_use()
+            rows = core.slots.in_use
             output = core.abort(victim)
             assert output is not None and output.finish_reason == FinishReason.ABORT
-            assert core.runner.rows_in_use() == rows - 1
+            assert core.slots.in_use == rows - 1
             assert core.abort(victim) is None
             aborted.append(victim)
 
@@ -108,21 +108,21 @@ def test_abort_frees_row_and_others_still_match(core, requests, reference) -> No
     assert aborted == [victim]
     assert tokens[victim] == reference[victim][: len(tokens[victim])]
     assert {k: v for k, v in tokens.items() if k != victim} == {k: v for k, v in reference.items() if k != victim}
-    assert core.runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
 
 
 def test_abort_of_waiting_request_uses_no_row(core, requests) -> None:
     for req in requests[:6]:
         core.add(req)
     core.step()
-    assert core.runner.rows_in_use() == 4
+    assert core.slots.in_use == 4
     waiting = next(iter(core.scheduler.waiting))
     output = core.abort(waiting)
     assert output is not None and output.finish_reason == FinishReason.ABORT and output.completion_tokens == 0
-    assert core.runner.rows_in_use() == 4
+    assert core.slots.in_use == 4
     for req in requests[:6]:
         core.abort(req.request_id)
-    assert core.runner.rows_in_use() == 0 and not core.has_work()
+    assert core.slots.in_use == 0 and not core.has_work()
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def chunked_core(model, tokenizer) -> EngineCore:
 def test_chunked_prefill_matches_generate(chunked_core, requests, reference) -> None:
     tokens = drive(chunked_core, requests, every=2)
     assert tokens == reference
-    assert chunked_core.runner.rows_in_use() == 0 and not chunked_core.has_work()
+    assert chunked_core.slots.in_use == 0 and not chunked_core.has_work()
 
 
 def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_core, requests) -> None:
@@ -148,7 +148,7 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
         outputs = chunked_core.step()
         assert [o.request_id for o in outputs] == [short.request_id]
         assert long.request_id in chunked_core.scheduler.prefilling
-    assert chunked_core.runner.rows_in_use() == 1
+    assert chunked_core.slots.in_use == 2  # the long prompt holds its row from its first chunk on
     partial = chunked_core.scheduler.prefilling[long.request_id].prefill
     assert partial.kv is not None and partial.done == 28  # its blocks, reserved for the whole prompt, 4 chunks in
     held = chunked_core.kv.usage().blocks_used
@@ -156,7 +156,7 @@ def test_running_rows_keep_decoding_while_a_long_prompt_is_prefilled(chunked_cor
     assert chunked_core.abort(long.request_id) is not None  # a partial prefill is dropped with its request
     assert partial.kv is None  # the K/V manager took its blocks back
     assert chunked_core.kv.usage().blocks_used == 1
-    assert not chunked_core.scheduler.prefilling and chunked_core.runner.rows_in_use() == 1
+    assert not chunked_core.scheduler.prefilling and chunked_core.slots.in_use == 1
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -179,7 +179,7 @@ def test_prompt_logprobs_equal_the_models_log_softmax(model, tokenizer, requests
     while core.has_work():
         for output in core.step():
             outputs.setdefault(output.request_id, []).append(output)
-    assert runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
     for req in scored:
         first, last = outputs[req.request_id][0], outputs[req.request_id][-1]
         ids = req.prompt_token_ids
@@ -272,7 +272,7 @@ def test_a_burst_is_prefilled_in_a_few_padded_forwards_and_matches_generate(mode
         for output in core.step():
             tokens[output.request_id].extend(output.token_ids)
     assert tokens == reference
-    assert runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
 
 
 def test_identical_prompts_share_one_prefill_and_each_row_decodes_alone(model, tokenizer, requests, reference):
@@ -289,24 +289,23 @@ def test_identical_prompts_share_one_prefill_and_each_row_decodes_alone(model, t
             for output in core.step():
                 tokens[output.request_id].extend(output.token_ids)
             if counter.batches and len(counter.batches) == 2:
-                assert runner.rows_in_use() == 3
+                assert core.slots.in_use == 3
     finally:
         counter.close()
     # One forward of one prompt for the three rows; every later forward is a decode step of all three.
     assert counter.batches[0] == (1, 33)
     assert all(shape == (3, 1) for shape in counter.batches[1:])
     assert all(t == reference[base.request_id] for t in tokens.values())
-    assert runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
 
 
 def test_batched_prefill_gives_each_prompt_its_own_logits_and_cache(model, requests) -> None:
     """Numerically, not only greedily (the tiny model's argmax hardly depends on positions)."""
     from tests.runner_driver import RunnerDriver
-    from transformers_openai.runners.base import PrefillJob
 
     runner = RunnerDriver(CausalLMRunner(model, max_rows=10, max_model_len=512))
     prompts = [list(r.prompt_token_ids) for r in requests]
-    results = runner.prefill_batch([(PrefillJob(ids), 4096) for ids in prompts])
+    results = runner.prefill_batch([(runner.job(ids), 4096) for ids in prompts])
     slots = {}
     with torch.inference_mode():
         for ids, result in zip(prompts, results, strict=True):

@@ -3,6 +3,7 @@ that request alone, and the healthy requests around it finish with the same toke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest, FinishReason
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.runners.base import DecodeRows, OneByOnePrefill, PrefillJob
+from transformers_openai.runners.base import Acceleration, Prepared, Step, StepOutput
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -29,59 +30,48 @@ class Injected(RuntimeError):
     """The fault a test plants."""
 
 
-class FaultyRunner(OneByOnePrefill):
+class FaultyRunner:
     """A real CausalLMRunner that fails in prefill or in decode whenever the poisoned request's row takes part."""
 
     def __init__(self, inner: CausalLMRunner, fail_in: str) -> None:
         self.inner = inner
         self.fail_in = fail_in
+        self.spec = inner.spec
         self.poisoned_slot: int | None = None
-        self.max_rows, self.max_model_len = inner.max_rows, inner.max_model_len
-        self.logits_processors = inner.logits_processors
-        self.kv_pool = inner.kv_pool
         self.probes = 0
+        self.decodes = 0  # decode steps asked for (probes apart)
+        self.fail_decode_at: int | None = None  # that decode step fails as a whole, whatever its rows
 
-    def output_limit(self, prompt_len: int) -> int:
-        return self.inner.output_limit(prompt_len)
+    def prepare(self, acceleration: Acceleration) -> Prepared:
+        return self.inner.prepare(acceleration)
 
-    def prefill_overhead(self, job: PrefillJob) -> int:
-        return self.inner.prefill_overhead(job)
+    def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
+        return self.inner.prefill_cost(encoder_inputs)
 
-    def decoder_prompt(self, job: PrefillJob) -> list[int]:
-        return self.inner.decoder_prompt(job)
-
-    def discard(self, job: PrefillJob) -> None:
-        self.inner.discard(job)
-
-    def prefill(self, job: PrefillJob, max_tokens: int) -> tuple[int, torch.Tensor] | None:
-        poisoned = job.prompt_token_ids[0] == MARKER
-        if poisoned and self.fail_in == "prefill":
-            raise Injected("prefill")
-        result = self.inner.prefill(job, max_tokens)
-        if poisoned and result is not None:
-            self.poisoned_slot = result[0]
-        return result
-
-    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
-        self._maybe_fail(rows)
-        return self.inner.decode(rows)
-
-    def probe(self, rows: DecodeRows) -> None:
-        self.probes += 1
-        self._maybe_fail(rows)
-        self.inner.probe(rows)
+    def execute(self, step: Step) -> StepOutput:
+        for row in step.prefills:
+            if row.tokens[:1] == [MARKER]:
+                self.poisoned_slot = row.slot
+        if step.probe:
+            self.probes += 1
+        elif step.decodes:
+            self.decodes += 1
+            if self.decodes == self.fail_decode_at:
+                raise Injected("the whole step")
+        if self.fail_in == "decode" and any(row.slot == self.poisoned_slot for row in step.decodes):
+            raise Injected("decode")
+        if self.fail_in != "prefill" or all(row.slot != self.poisoned_slot for row in step.prefills):
+            return self.inner.execute(step)
+        healthy = [row for row in step.prefills if row.slot != self.poisoned_slot]
+        out = self.inner.execute(Step(healthy, step.decodes, step.probe))
+        done = iter(out.prefills)
+        prefills = [Injected("prefill") if row.slot == self.poisoned_slot else next(done) for row in step.prefills]
+        return StepOutput(prefills, out.slots, out.logits)
 
     def release(self, slot: int) -> None:
         if slot == self.poisoned_slot:
             self.poisoned_slot = None
         self.inner.release(slot)
-
-    def rows_in_use(self) -> int:
-        return self.inner.rows_in_use()
-
-    def _maybe_fail(self, rows: DecodeRows) -> None:
-        if self.fail_in == "decode" and self.poisoned_slot in rows:
-            raise Injected("decode")
 
 
 @dataclass
@@ -195,7 +185,7 @@ def test_a_failing_row_ends_alone_and_the_others_match_their_solo_run(
         assert result["finish_reason"] is FinishReason.LENGTH, (request_id, result.get("error"))
         assert result["tokens"] == alone[request_id]["tokens"], request_id
         assert result["text"] == alone[request_id]["text"], request_id
-    assert runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
     if fail_in == "decode":
         assert runner.probes >= 1  # found by probing, not by luck
 
@@ -204,18 +194,9 @@ def test_a_step_failure_no_single_row_causes_ends_the_step_rows_and_the_engine_g
     model, tokenizer, prompt_ids, alone
 ) -> None:
     core, runner = make_core(model, tokenizer)
-    calls = {"n": 0}
-    real_decode = runner.decode
-
-    def fails_once_as_a_batch(rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise Injected("the whole step")
-        return real_decode(rows)
-
-    runner.decode = fails_once_as_a_batch  # type: ignore[method-assign]
+    runner.fail_decode_at = 2
     first = run(core, healthy_requests(prompt_ids))
     assert all(r["finish_reason"] is FinishReason.ERROR for r in first.values())
-    assert runner.rows_in_use() == 0
+    assert core.slots.in_use == 0
     again = run(core, healthy_requests(prompt_ids)[:1])  # the engine still serves afterwards
     assert again["a"]["tokens"] == alone["a"]["tokens"]

@@ -64,7 +64,7 @@ def reference(model, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def
 def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2, usage=None) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """Adds a request every `every` steps to an engine over `runner`; each request's greedy tokens (`usage`, a list,
     receives the K/V manager's usage at the end)."""
-    core = EngineCore(runner, tokenizer, Scheduler(max_running=runner.max_rows, max_waiting=32), frozenset())
+    core = EngineCore(runner, tokenizer, Scheduler(max_running=runner.spec.max_rows, max_waiting=32), frozenset())
     params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     pending = [EngineRequest(f"r{i}", list(p), params) for i, p in enumerate(prompts)]
@@ -76,7 +76,7 @@ def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: in
             assert output.error is None, output.error
             tokens[output.request_id].extend(output.token_ids)
         step += 1
-    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
     if usage is not None:
         usage.append(core.kv.usage())
     return [tokens[f"r{i}"] for i in range(len(prompts))]

@@ -4,7 +4,8 @@ reuse, growth all or nothing, the record of what a prefill wrote, and blocks giv
 from __future__ import annotations
 
 from transformers_openai.engine.kv_manager import KVManager
-from transformers_openai.runners.base import KVPoolSpec, PrefillJob
+from transformers_openai.engine.prefill import PrefillJob
+from transformers_openai.runners.base import KVPoolSpec
 
 SIZE = 4
 
@@ -32,17 +33,17 @@ def test_a_prompt_starting_like_a_written_one_skips_its_full_blocks_unless_score
     first = PrefillJob(history)
     assert kv.reserve(first, len(history) + 1, running=0)
     first.done = len(history)  # the runner prefilled it whole
-    kv.prefilled(first, history)
+    kv.prefilled(first)
     assert first.kv is not None and first.kv.length == len(history) and len(first.kv.digests) == 2
     kv.release(first)
     turn = PrefillJob([*history, 7, 8])
-    assert kv.reserve(turn, len(turn.prompt_token_ids) + 1, running=0)
+    assert kv.reserve(turn, len(turn.decoder_prompt) + 1, running=0)
     assert turn.done == 2 * SIZE and turn.kv is not None and turn.kv.length == 2 * SIZE
     scored = PrefillJob([*history, 7, 8], prompt_logprobs=0)  # every position's logits are needed
-    assert kv.reserve(scored, len(scored.prompt_token_ids) + 1, running=0)
+    assert kv.reserve(scored, len(scored.decoder_prompt) + 1, running=0)
     assert scored.done == 0 and scored.kv is not None and scored.kv.length == 0
     usage = kv.usage()
-    assert usage.prefix_hits == 2 * SIZE and usage.prefix_queries == len(history) + len(turn.prompt_token_ids)
+    assert usage.prefix_hits == 2 * SIZE and usage.prefix_queries == len(history) + len(turn.decoder_prompt)
 
 
 def test_blocks_of_an_unshared_pool_are_never_matched() -> None:
@@ -53,7 +54,7 @@ def test_blocks_of_an_unshared_pool_are_never_matched() -> None:
         assert kv.reserve(job, len(prompt) + 1, running=0)
         assert job.done == 0
         job.done = len(prompt)
-        kv.prefilled(job, prompt)
+        kv.prefilled(job)
         kv.release(job)
     assert kv.usage().prefix_hits == 0 and kv.usage().blocks_cached == 0
 
@@ -64,18 +65,19 @@ def test_a_chunked_prefill_is_recorded_as_far_as_it_went() -> None:
     job = PrefillJob(decoder_prompt)
     assert kv.reserve(job, len(decoder_prompt) + 1, running=0)
     job.done = 6  # one chunk in
-    kv.prefilled(job, decoder_prompt)
+    kv.prefilled(job)
     assert job.kv is not None and job.kv.length == 6 and len(job.kv.digests) == 1
     job.done = len(decoder_prompt)  # the rest
-    kv.prefilled(job, decoder_prompt)
+    kv.prefilled(job)
     assert job.kv.length == 10 and job.kv.tokens == decoder_prompt
 
 
 def test_an_encoder_decoder_prompt_is_recorded_with_its_start_token() -> None:
     kv = manager(8, shared=False)
-    job = PrefillJob([])  # T5: no decoder prompt; the decoder holds its start token
+    job = PrefillJob([0])  # T5: no prompt; the decoder holds its start token
     assert kv.reserve(job, 2, running=0)
-    kv.prefilled(job, [0])
+    job.done = 1
+    kv.prefilled(job)
     assert job.kv is not None and job.kv.length == 1
 
 
@@ -86,7 +88,7 @@ def test_growth_is_all_or_nothing() -> None:
         job = PrefillJob(prompt)
         assert kv.reserve(job, len(prompt), running=len(rows))
         job.done = len(prompt)
-        kv.prefilled(job, prompt)
+        kv.prefilled(job)
         rows.append(job)
     tables = [job.kv for job in rows if job.kv is not None]
     assert not kv.grow(tables)  # two rows need a block each, one is free

@@ -77,8 +77,7 @@ def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: 
         strict=True,
     ):
         assert torch.equal(mine, theirs)
-    assert follower.rows_in_use() == 0  # the follower never held a row (nor any block: it has no K/V manager)
-    assert leader.rows_in_use() == 0 and core.kv.usage().blocks_used == 0
+    assert core.slots.in_use == 0 and core.kv.usage().blocks_used == 0
 
 
 def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:  # type: ignore[no-untyped-def]

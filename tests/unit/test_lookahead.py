@@ -14,6 +14,7 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.runners.base import Step, StepOutput
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -66,7 +67,7 @@ def drive(core: EngineCore, requests: list[EngineRequest], every: int = 2, abort
             aborted = core.abort(abort[0])
             assert aborted is not None
             outputs[abort[0]].append(aborted)
-    assert core.kv.usage().blocks_used == 0 and core.runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
     return outputs
 
 
@@ -94,13 +95,14 @@ class CountingDecodes:
 
     def __init__(self, runner: CausalLMRunner) -> None:
         self.steps = self.rows = 0
-        self._decode = runner.decode
-        runner.decode = self  # type: ignore[method-assign]
+        self._execute = runner.execute
+        runner.execute = self  # type: ignore[method-assign]
 
-    def __call__(self, rows):  # type: ignore[no-untyped-def]
-        self.steps += 1
-        self.rows += len(rows)
-        return self._decode(rows)
+    def __call__(self, step: Step) -> StepOutput:
+        if step.decodes and not step.probe:
+            self.steps += 1
+            self.rows += len(step.decodes)
+        return self._execute(step)
 
 
 @pytest.mark.parametrize("lookahead", [False, True])

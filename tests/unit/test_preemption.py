@@ -101,7 +101,7 @@ def test_decoder_rows_preempted_for_room_resume_with_the_same_greedy_tokens(
     assert tokens == {r.request_id: llama_reference(llama, r.prompt_token_ids) for r in requests}
     assert observer.preemptions > 0
     assert max(s.kv.blocks_used for s in observer.stats if s.kv) <= 14
-    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
 
 
 def test_a_prompt_whose_start_is_cached_prefills_only_the_rest(llama, llama_tokenizer) -> None:
@@ -127,7 +127,7 @@ def test_a_prompt_whose_start_is_cached_prefills_only_the_rest(llama, llama_toke
 
 def test_a_prompt_larger_than_the_pool_fails_alone(llama, llama_tokenizer) -> None:
     runner = CausalLMRunner(llama, max_rows=2, max_model_len=512, kv=space(llama, 6))
-    assert runner.max_model_len == 6 * BLOCK - 1  # the context the server announces is what the pool can hold
+    assert runner.spec.max_model_len == 6 * BLOCK - 1  # the context the server announces is what the pool can hold
     core = EngineCore(runner, llama_tokenizer, Scheduler(2, 16), frozenset())
     core.add(EngineRequest("huge", list(range(10, 40)), greedy(2)))
     outputs = core.step()
@@ -151,7 +151,7 @@ def test_t5_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama_tok
         out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
         assert tokens[req.request_id] == out[0, 1:].tolist()  # after the decoder start token
     assert observer.preemptions > 0
-    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
 
 
 # ------------------------------------------------------------------------------------------------- Whisper
@@ -210,7 +210,7 @@ def test_whisper_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llam
     for req, (features, prefix) in zip(requests, windows, strict=True):
         assert tokens[req.request_id] == whisper_reference(model, features, prefix)
     assert observer.preemptions > 0
-    assert core.kv.usage().blocks_used == 0 and runner.rows_in_use() == 0
+    assert core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
 
 
 def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama_tokenizer) -> None:

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from tests.model_factory import build_tiny_t5, cache_root
 from tests.runner_driver import RunnerDriver
-from transformers_openai.runners.base import PrefillJob
+from transformers_openai.engine.prefill import PrefillJob
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 
@@ -34,15 +34,15 @@ def runners(request: pytest.FixtureRequest, tiny_llama_dir: Path):
     """Two runners of the same kind and model, filled with the same rows."""
     make = (lambda: causal_runner(tiny_llama_dir)) if request.param == "causal-lm" else seq2seq_runner
 
-    def job(prompt: list[int]) -> PrefillJob:  # a T5 reads the prompt with its encoder
-        return PrefillJob(prompt) if request.param == "causal-lm" else PrefillJob([], {"input_ids": prompt})
+    def job(runner: RunnerDriver, prompt: list[int]) -> PrefillJob:  # a T5 reads the prompt with its encoder
+        return runner.job(prompt) if request.param == "causal-lm" else runner.job([], {"input_ids": prompt})
 
     pair = []
     for _ in range(2):
         runner = RunnerDriver(make())
         slots = []
         for prompt in PROMPTS:
-            result = runner.prefill(job(prompt), 64)
+            result = runner.prefill(job(runner, prompt), 64)
             assert result is not None
             slots.append(result[0])
         pair.append((runner, slots))

@@ -28,23 +28,33 @@ from transformers_openai.serving.tokenizer import TokenizerService
 MODEL = "whisper"
 
 
-class FakeRunner:
+class FakeSpeechCalls:
+    """The speech model's own calls: only the release of kept windows is recorded."""
+
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    def release_windows(self, key: str) -> None:
+    async def detect_language(
+        self, features: Any, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+    ) -> int:
+        raise AssertionError("these tests name the language")
+
+    async def alignment_weights(self, features: Any, tokens: list[int]) -> Any:
+        raise AssertionError("these tests ask for no word times")
+
+    async def release_windows(self, key: str) -> None:
         self.released.append(key)
 
 
 class FakeEngine:
-    """Answers every window with `tokens` (or an error, or nothing at all) and runs calls on a fake runner."""
+    """Answers every window with `tokens` (or an error, or nothing at all); `runner` records the speech calls."""
 
     def __init__(self, tokens: list[int], outcome: str = "finish") -> None:
         self.tokens = tokens
         self.outcome = outcome
         self.requests: list[EngineRequest] = []
         self.aborted: list[str] = []
-        self.runner = FakeRunner()
+        self.runner = FakeSpeechCalls()
         self.running = True
 
     def submit(self, requests: Sequence[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
@@ -68,9 +78,6 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def call(self, fn: Any) -> Any:
-        return fn(self.runner)
-
 
 @pytest.fixture(scope="module")
 def parts(whisper_dir: Path) -> tuple[Any, Any, TokenizerService]:
@@ -80,7 +87,8 @@ def parts(whisper_dir: Path) -> tuple[Any, Any, TokenizerService]:
 
 def handler(parts: tuple[Any, Any, TokenizerService], engine: FakeEngine, decodes: int = 2) -> TranscriptionHandler:
     tokenizer, features, service = parts
-    speech = SpeechModel(features, WhisperTokens.from_tokenizer(tokenizer, False), 60.0, max_audio_decodes=decodes)
+    tokens = WhisperTokens.from_tokenizer(tokenizer, False)
+    speech = SpeechModel(features, tokens, engine.runner, 60.0, max_audio_decodes=decodes)
     ctx = ServingContext(
         engine=engine,  # type: ignore[arg-type]
         tokenizer=service,

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
 from tests.runner_driver import RunnerDriver
-from transformers_openai.runners.base import PrefillJob
+from transformers_openai.engine.prefill import PrefillJob
 from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.steps.step_store import has_cxx_compiler
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
@@ -149,7 +149,7 @@ def test_no_speech_probability_is_read_after_the_start_of_transcript(model) -> N
     out = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([prefix]))
     at_sot = out.logits[0, prefix.index(SOT)].softmax(-1)
     assert job.info["no_speech_prob"] == pytest.approx(float(at_sot[NO_CAPTIONS]), abs=1e-6)
-    assert runner.output_limit(len(prefix)) == 448 - len(prefix)
+    assert runner.spec.output_limit(len(prefix)) == 448 - len(prefix)
 
 
 def test_a_window_of_the_wrong_length_is_refused(model) -> None:
@@ -157,7 +157,7 @@ def test_a_window_of_the_wrong_length_is_refused(model) -> None:
     driver = RunnerDriver(runner)
     with pytest.raises(ValueError, match="3000"):
         driver.prefill(PrefillJob([SOT], {"input_features": torch.zeros(80, 100)}), 10_000)
-    assert runner.rows_in_use() == 0 and driver.kv_usage().blocks_used == 0
+    assert driver.rows_in_use() == 0 and driver.kv_usage().blocks_used == 0 and not runner._cross_cache.rows
 
 
 @torch.inference_mode()
@@ -175,7 +175,7 @@ def test_alignment_weights_equal_the_eager_cross_attention_of_the_alignment_head
     assert weights.shape == (3, len(tokens), 1500)
     torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-5)
     assert model.config._attn_implementation == "sdpa"  # the shared model is left as it was
-    assert runner.rows_in_use() == 0
+    assert not runner._cross_cache.rows  # outside the batch: no row
 
 
 def test_language_detection_picks_the_likeliest_language_token(model: WhisperForConditionalGeneration) -> None:
@@ -186,13 +186,13 @@ def test_language_detection_picks_the_likeliest_language_token(model: WhisperFor
         with torch.inference_mode():
             logits = model(input_features=features.unsqueeze(0), decoder_input_ids=torch.tensor([[SOT]])).logits[0, -1]
         assert runner.detect_language(features, SOT, languages) == languages[int(logits[languages].argmax())]
-    assert runner.rows_in_use() == 0  # outside the batch
+    assert not runner._cross_cache.rows  # outside the batch: no row
     calls: list[int] = []
     hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
     try:
         runner.detect_language(window(4), SOT, languages, window=("req", 0))
         job = PrefillJob([SOT], {"input_features": window(4), "window": ("req", 0)})
-        assert runner.prefill_overhead(job) == 0
+        assert runner.prefill_cost(job.encoder_inputs) == 0
         RunnerDriver(runner).prefill(job, 10_000)
     finally:
         hook.remove()
@@ -208,13 +208,14 @@ def test_windows_admitted_together_share_one_encoder_call_and_fail_alone(model) 
     jobs = [PrefillJob(prefix, {"input_features": features}) for features, prefix in WINDOWS[:3]]
     try:
         admitted = [(jobs[0], 10_000), (bad, 10_000), (jobs[1], 10_000), (jobs[2], 10_000)]
-        outcomes = RunnerDriver(runner).prefill_batch(admitted)
+        driver = RunnerDriver(runner)
+        outcomes = driver.prefill_batch(admitted)
         assert isinstance(outcomes[1], ValueError) and all(isinstance(o, tuple) for o in outcomes[::2])
         assert calls == [1, 1, 1]  # the batch could not be built: one encoder call per good window
     finally:
         hook.remove()
     calls.clear()
-    assert runner.rows_in_use() == 3
+    assert driver.rows_in_use() == 3 and runner._cross_cache.rows == 3
     hook = model.model.encoder.conv1.register_forward_hook(lambda _, args, __: calls.append(args[0].shape[0]))
     try:
         fresh = WhisperRunner(model, max_rows=4)
@@ -253,10 +254,11 @@ def test_a_kept_window_serves_its_own_transcription_only_and_is_dropped_when_it_
     try:
         first = driver.prefill(PrefillJob(prefix, {"input_features": audio_a, "window": ("a", 0)}), 10_000)
         other = PrefillJob(prefix, {"input_features": audio_b, "window": ("b", 0)})
-        assert runner.prefill_overhead(other) == runner.max_input_len  # not A's window: it needs its encoder pass
+        # Not A's window: it needs its encoder pass.
+        assert runner.prefill_cost(other.encoder_inputs) == runner.max_input_len
         second = driver.prefill(other, 10_000)
         retry = PrefillJob(prefix, {"input_features": audio_a, "window": ("a", 0)})
-        assert runner.prefill_overhead(retry) == 0
+        assert runner.prefill_cost(retry.encoder_inputs) == 0
         driver.prefill(retry, 10_000)
         assert calls == [1, 1]  # the retry of A's window reused its encoder pass
         assert sorted(runner.kept_windows()) == [("a", 0), ("b", 0)]

@@ -14,7 +14,6 @@ from transformers_openai.engine.engine_thread import EngineThread
 from transformers_openai.engine.errors import DuplicateRequestId, EngineOverloaded, EngineStopped, TooManySequences
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
 from transformers_openai.engine.retry_after import RetryAfter
-from transformers_openai.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class EngineStats:
     in_flight: int
 
 
-class AsyncEngine(EngineThread[ModelRunner]):
+class AsyncEngine(EngineThread):
     """Thread-safe bridge between the event loop and the `EngineCore` thread.
 
     Admission is decided at once on the event loop (`submit` raises `EngineOverloaded`); outputs
@@ -60,7 +59,7 @@ class AsyncEngine(EngineThread[ModelRunner]):
         max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS,
         flow: FlowControl | None = None,
     ) -> None:
-        super().__init__("engine", core.runner)
+        super().__init__("engine")
         self._core = core
         self._max_pending = max_pending_outputs
         self._flow_control = flow or FlowControl()
@@ -84,7 +83,7 @@ class AsyncEngine(EngineThread[ModelRunner]):
             running=len(scheduler.running) + len(scheduler.prefilling),  # both hold KV state
             waiting=len(scheduler.waiting),
             paused=len(scheduler.paused),
-            rows_in_use=self._core.runner.rows_in_use(),
+            rows_in_use=self._core.slots.in_use,
             kv_blocks_used=kv.blocks_used,
             kv_blocks_cached=kv.blocks_cached,
             in_flight=len(self._streams),

@@ -1,10 +1,14 @@
 """The synchronous heart of the engine: one `step` admits, prefills, decodes, samples and retires rows.
 
-With `lookahead` (a runner whose steps run asynchronously, as CUDA graphs on a GPU), a step launches the next decode
-step as soon as its own tokens are drawn, before it records them: the device computes while the host detokenizes,
-matches stop strings, retires rows and admits new ones, and the next step starts by reading what it computed. A row
-that finished meanwhile has its launched token discarded (one wasted row of one step); a row admitted meanwhile joins
-the launch after.
+The engine describes every forward to the runner (`runners.base.Step`) and decodes in one of two loops:
+
+- eager (`_decode_now`): each step makes room in the K/V pool, runs the running rows' decode step, waits for its
+  logits, samples and records the tokens;
+- launched ahead (`_decode_ahead`, with `lookahead`: a runner whose steps run asynchronously, as CUDA graphs on a
+  GPU): a step reads the logits of the decode step the last one launched, samples, launches the next decode step at
+  once and only then records its tokens, so the device computes while the host detokenizes, matches stop strings,
+  retires rows and admits new ones. A row that finished meanwhile has its launched token discarded (one wasted row
+  of one step); a row admitted meanwhile joins the launch after.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from transformers_openai.engine.detokenizer import Decoder
 from transformers_openai.engine.errors import ConstraintFailed
 from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.kv_manager import KVManager
+from transformers_openai.engine.prefill import PrefillJob
 from transformers_openai.engine.request import EngineRequest, ErrorKind, FinishReason, RequestOutput
+from transformers_openai.engine.row_slots import RowSlots
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
 from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
 from transformers_openai.engine.stop_matcher import StopAutomata
-from transformers_openai.runners.base import DecodeRows, ModelRunner, PrefillJob
+from transformers_openai.runners.base import DecodeRow, ModelRunner, Step
 from transformers_openai.runners.kv.block_table import BlockTable
 
 logger = logging.getLogger(__name__)
@@ -58,14 +64,16 @@ class EngineCore:
         lookahead: bool = False,
     ) -> None:
         self.runner = runner
+        self.spec = runner.spec
         self.lookahead = lookahead  # launch each decode step before recording the last one (module docstring)
         self._launched: _Launched | None = None
         self._threads = threads  # on a CPU: the engine thread's torch threads
         self.scheduler = scheduler
-        self.kv = KVManager(runner.kv_pool)
+        self.kv = KVManager(self.spec.kv_pool)
+        self.slots = RowSlots(self.spec.max_rows)
         self._tokenizer = tokenizer
         self._stop_token_ids = stop_token_ids
-        self._sampler = Sampler(runner.logits_processors)
+        self._sampler = Sampler(self.spec.logits_processors)
         self._stop_automata = StopAutomata()
         self.observer: EngineObserver = observer or NullObserver()
 
@@ -75,9 +83,10 @@ class EngineCore:
             self._threads.apply()
 
     def add(self, request: EngineRequest) -> None:
-        limit = self.runner.output_limit(len(request.prompt_token_ids))
-        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self._stop_automata)
-        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
+        limit = self.spec.output_limit(len(request.prompt_token_ids))
+        spec = self.spec
+        seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self._stop_automata, spec.decoder_prompt)
+        seq.prefill.overhead = self.runner.prefill_cost(request.encoder_inputs)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> RequestOutput | None:
@@ -114,7 +123,7 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self, publish: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
-        """Admits what fits, then advances every running row by one token.
+        """Admits what fits, then advances every running row by one token (in the loop the module docstring names).
 
         Args:
             publish: if given, receives the new requests' first tokens as soon as they are sampled,
@@ -136,27 +145,8 @@ class EngineCore:
         if publish is not None and outputs:
             publish(outputs)
             outputs = []
-        preempted = 0
-        drawn: Drawn = []
-        launched, self._launched = self._launched, None
-        if launched is not None:  # launched by the last step: its rows that are still running as they were
-            drawn = self._read_launched(launched, outputs, clock)
-            batch_size = len(drawn)
-        else:
-            preempted = self._make_room(outputs) if self.scheduler.running else 0
-            running = self.scheduler.running
-            batch_size = len(running)
-            if running:
-                by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
-                with clock("forward"):
-                    decoded = self._decode(by_slot, outputs)
-                if decoded is not None:
-                    slots, logits = decoded
-                    with clock("sample"):
-                        drawn = self._draw(logits, [by_slot[slot] for slot in slots], outputs)
-        if self.lookahead and self.scheduler.running:
-            with clock("forward"):
-                self._launched = self._launch(drawn)
+        decode = self._decode_ahead if self.lookahead else self._decode_now
+        drawn, batch_size, preempted = decode(outputs, clock)
         with clock("output"):
             self._record(drawn, outputs, gaps)
         self.observer.on_step(
@@ -164,8 +154,8 @@ class EngineCore:
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
                 waiting=len(self.scheduler.waiting),
                 batch_size=batch_size,
-                rows_in_use=self.runner.rows_in_use(),
-                max_rows=self.runner.max_rows,
+                rows_in_use=self.slots.in_use,
+                max_rows=self.spec.max_rows,
                 prompt_tokens=sum(take for _, take in planned),
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
@@ -175,6 +165,40 @@ class EngineCore:
             )
         )
         return outputs
+
+    def _decode_now(self, outputs: list[RequestOutput], clock: PhaseClock) -> tuple[Drawn, int, int]:
+        """The eager loop's decode: room for every running row, one decode step, its tokens drawn.
+
+        Returns:
+            (the tokens drawn, the rows stepped, the requests preempted to make room).
+        """
+        preempted = self._make_room(outputs) if self.scheduler.running else 0
+        running = self.scheduler.running
+        if not running:
+            return [], 0, preempted
+        by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
+        batch_size = len(by_slot)
+        with clock("forward"):
+            decoded = self._decode(by_slot, outputs)
+        if decoded is None:
+            return [], batch_size, preempted
+        slots, logits = decoded
+        with clock("sample"):
+            return self._draw(logits, [by_slot[slot] for slot in slots], outputs), batch_size, preempted
+
+    def _decode_ahead(self, outputs: list[RequestOutput], clock: PhaseClock) -> tuple[Drawn, int, int]:
+        """The launched-ahead loop's decode: the tokens of the step the last one launched are drawn (an eager decode
+        when none was), then the next decode step is launched before they are recorded."""
+        launched, self._launched = self._launched, None
+        if launched is not None:  # launched by the last step: its rows that are still running as they were
+            drawn = self._read_launched(launched, outputs, clock)
+            batch_size, preempted = len(drawn), 0
+        else:
+            drawn, batch_size, preempted = self._decode_now(outputs, clock)
+        if self.scheduler.running:
+            with clock("forward"):
+                self._launched = self._launch(drawn)
+        return drawn, batch_size, preempted
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
         scheduler = self.scheduler
@@ -218,15 +242,17 @@ class EngineCore:
     def _prefill(
         self, planned: list[tuple[Sequence, int]], outputs: list[RequestOutput]
     ) -> list[tuple[Sequence, torch.Tensor]]:
-        """Runs this step's prefill chunks, all in one call; returns the sequences whose prompt is now fully in."""
+        """Runs this step's prefill chunks, all in one step; returns the sequences whose prompt is now fully in."""
         admitted: list[tuple[Sequence, torch.Tensor]] = []
         if not planned:
             return admitted
         now = time.monotonic()
-        for seq, _ in planned:
+        rows = []
+        for seq, take in planned:
             seq.scheduled_at = seq.scheduled_at or now
-        results = self.runner.prefill_batch([(seq.prefill, take) for seq, take in planned])
-        for (seq, _), result in zip(planned, results, strict=True):
+            rows.append(seq.prefill.next_row(_slot(seq), take, self.spec.whole_prompt))
+        results = self.runner.execute(Step(prefills=rows)).prefills
+        for (seq, _), row, result in zip(planned, rows, results, strict=True):
             if isinstance(result, Exception):
                 logger.error("prefill failed for request %s", seq.request_id, exc_info=result)
                 self.scheduler.remove(seq.request_id)
@@ -234,10 +260,11 @@ class EngineCore:
                 outputs.append(seq.final_output(FinishReason.ERROR, f"prefill failed: {result}"))
                 self._finished(seq)
                 continue
-            self.kv.prefilled(seq.prefill, self.runner.decoder_prompt(seq.prefill))
-            if result is None:
+            logits = seq.prefill.took(row, result.logits, result.info)
+            self.kv.prefilled(seq.prefill)
+            if not row.last:
                 continue  # more chunks in the next steps
-            seq.slot, logits = result
+            assert logits is not None, "a runner returns the logits of a prompt's last position"
             if seq.request.params.max_tokens == 0:  # only the prompt's scores were asked for
                 self.scheduler.remove(seq.request_id)
                 outputs.append(seq.prompt_only_output())
@@ -256,9 +283,9 @@ class EngineCore:
         `by_slot` loses the rows that were ended. Returns None when no row is left.
         """
         while by_slot:
-            rows = {slot: (_table(seq), seq.output_ids[-1]) for slot, seq in by_slot.items()}
+            rows = [DecodeRow(slot, _table(seq), seq.output_ids[-1]) for slot, seq in by_slot.items()]
             try:
-                decoded = self.runner.decode(rows)
+                decoded = self._execute(rows)
             except Exception as exc:
                 logger.exception("decode step failed; probing its %d rows one by one", len(by_slot))
                 failing = self._failing_alone(rows)
@@ -267,10 +294,17 @@ class EngineCore:
                 for slot, error in failing.items():
                     outputs.extend(self._fail([by_slot.pop(slot)], error))
                 continue
-            for table, token in rows.values():
-                self.kv.written(table, [token])
             return decoded
         return None
+
+    def _execute(self, rows: list[DecodeRow]) -> tuple[list[int], torch.Tensor]:
+        """One decode step of `rows`, recorded in their tables: (slots in the order of the logits, logits)."""
+        out = self.runner.execute(Step(decodes=rows))
+        for row in rows:
+            self.kv.written(row.table, [row.token])
+        if out.logits is None:
+            raise RuntimeError("the runner returned no logits for a decode step")
+        return list(out.slots), out.logits
 
     def _read_launched(self, launched: _Launched, outputs: list[RequestOutput], clock: PhaseClock) -> Drawn:
         """Draws the next token of each row of a decode launched ahead that is still running with the table it had;
@@ -296,28 +330,25 @@ class EngineCore:
         tables = [_table(seq) for seq in seqs]
         if not seqs or not self.kv.grow(tables):
             return None
-        rows = {
-            seq.slot: (table, fed[id(seq)] if id(seq) in fed else seq.output_ids[-1])
+        rows = [
+            DecodeRow(_slot(seq), table, fed[id(seq)] if id(seq) in fed else seq.output_ids[-1])
             for seq, table in zip(seqs, tables, strict=True)
-            if seq.slot is not None
-        }
+        ]
         try:
-            slots, logits = self.runner.decode(rows)
+            slots, logits = self._execute(rows)
         except Exception:  # decoded again by the next step, which ends the row at fault alone
             logger.debug("a decode step launched ahead failed; the next step runs it again", exc_info=True)
             return None
-        for table, token in rows.values():
-            self.kv.written(table, [token])
-        by_slot = {seq.slot: seq for seq in seqs}
-        return _Launched([by_slot[slot] for slot in slots], [rows[slot][0] for slot in slots], logits)
+        by_slot = {seq.slot: (seq, table) for seq, table in zip(seqs, tables, strict=True)}
+        return _Launched([by_slot[slot][0] for slot in slots], [by_slot[slot][1] for slot in slots], logits)
 
-    def _failing_alone(self, rows: DecodeRows) -> dict[int, Exception]:
+    def _failing_alone(self, rows: list[DecodeRow]) -> dict[int, Exception]:
         failing: dict[int, Exception] = {}
-        for slot, row in rows.items():
+        for row in rows:
             try:
-                self.runner.probe({slot: row})
+                self.runner.execute(Step(decodes=[row], probe=True))
             except Exception as exc:
-                failing[slot] = exc
+                failing[row.slot] = exc
         return failing
 
     def _sample(
@@ -378,22 +409,29 @@ class EngineCore:
         """Gives back a request's row and K/V memory, keeping its tokens: it is prefilled again when it next runs."""
         self._release(seq)
         seq.preempt()
-        seq.prefill.overhead = self.runner.prefill_overhead(seq.prefill)
+        seq.prefill.overhead = self.runner.prefill_cost(seq.request.encoder_inputs)
 
-    def _reserve(self, job: PrefillJob) -> bool:
-        """Gives a job about to start its prefill its block table (see `KVManager.reserve`)."""
-        return self.kv.reserve(job, len(self.runner.decoder_prompt(job)) + 1, len(self.scheduler.running))
+    def _reserve(self, seq: Sequence) -> bool:
+        """Gives a request about to start its prefill a row and its block table (see `KVManager.reserve`)."""
+        slot = self.slots.take()
+        if slot is None:
+            return False
+        job: PrefillJob = seq.prefill
+        if not self.kv.reserve(job, len(job.decoder_prompt) + 1, len(self.scheduler.running)):
+            self.slots.give_back(slot)
+            return False
+        seq.slot = slot
+        return True
 
     def _tables(self) -> list[BlockTable]:
         """The block tables of the running rows."""
         return [_table(seq) for seq in self.scheduler.running.values()]
 
     def _release(self, seq: Sequence) -> None:
-        if seq.slot is not None:
+        if seq.slot is not None:  # admitted: its prompt in, or part of it
             self.runner.release(seq.slot)
+            self.slots.give_back(seq.slot)
             seq.slot = None
-        else:  # no row yet: a reservation, a partial prefill maybe
-            self.runner.discard(seq.prefill)
         self.kv.release(seq.prefill)
 
     def _finished(self, seq: Sequence, aborted: str | None = None) -> None:
@@ -432,6 +470,13 @@ class EngineCore:
             outputs.append(output)
             self._finished(seq)
         return outputs
+
+
+def _slot(seq: Sequence) -> int:
+    """An admitted request's row (given at its admission, held until it leaves)."""
+    if seq.slot is None:
+        raise RuntimeError(f"request {seq.request_id} runs without a row")
+    return seq.slot
 
 
 def _table(seq: Sequence) -> BlockTable:

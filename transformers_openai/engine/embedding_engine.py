@@ -112,7 +112,7 @@ def cut_pieces(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[l
     return found
 
 
-class EmbeddingEngine(EngineThread[Embedder]):
+class EmbeddingEngine(EngineThread):
     """Thread-safe bridge between the event loop and the thread that runs the embedding model.
 
     `embed` admits a request at once (raises `EngineOverloaded` when `max_requests` are in flight) and resolves
@@ -129,7 +129,7 @@ class EmbeddingEngine(EngineThread[Embedder]):
         threads: int,
         forward_cost: int = CPU_FORWARD_COST_TOKENS,
     ) -> None:
-        super().__init__("embedding-engine", runner)
+        super().__init__("embedding-engine")
         self.runner = runner
         self.max_rows = max_rows
         self.max_tokens = max_tokens

@@ -6,26 +6,24 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from transformers_openai.engine.errors import EngineStopped
 
-R = TypeVar("R")  # what a call is given: the engine's runner
 T = TypeVar("T")
 
-Call = tuple[Callable[[Any], Any], concurrent.futures.Future[Any]]
+Call = tuple[Callable[[], Any], concurrent.futures.Future[Any]]
 
 
-class EngineThread(Generic[R]):
+class EngineThread:
     """Base of the engines: one daemon thread runs `_run` until `stop`; the model is never used by two threads.
 
     Subclasses hand work to the thread under `_cv` and wake it with `_cv.notify()`; `_run` waits on `_cv`, takes the
     calls with `_take_calls` and runs them with `_run_calls` between its own units of work.
     """
 
-    def __init__(self, name: str, runner: R) -> None:
+    def __init__(self, name: str) -> None:
         self._name = name
-        self._call_target = runner
         self._cv = threading.Condition()
         self._calls: list[Call] = []
         self._thread: threading.Thread | None = None
@@ -48,9 +46,9 @@ class EngineThread(Generic[R]):
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
-    async def call(self, fn: Callable[[R], T]) -> T:
-        """Runs `fn(runner)` on the engine thread between two steps (model work outside the batch, e.g. an
-        alignment pass) and returns its result."""
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Runs `fn()` on the engine thread between two steps (model work outside the batch, e.g. an alignment
+        pass) and returns its result."""
         if not self.running:
             raise EngineStopped("the engine is not running")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -71,7 +69,7 @@ class EngineThread(Generic[R]):
         for fn, future in calls:
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(self._call_target))
+                    future.set_result(fn())
                 except Exception as exc:  # the caller's failure, not the engine's
                     future.set_exception(exc)
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from transformers_openai.engine.block_pool import BlockPool
-from transformers_openai.runners.base import KVPoolSpec, PrefillJob
+from transformers_openai.engine.prefill import PrefillJob
+from transformers_openai.runners.base import KVPoolSpec
 from transformers_openai.runners.kv.block_table import BlockTable
 
 
@@ -44,7 +45,7 @@ class KVManager:
             return True
         table = BlockTable(prefix_seed=self._seed)
         if job.prompt_logprobs is None:
-            job.done = self.pool.match_prefix(table, job.prompt_token_ids)
+            job.done = self.pool.match_prefix(table, job.decoder_prompt)
         needed = self.pool.blocks_for(tokens) - len(table.blocks)
         if needed > self.pool.available - running or not self.pool.grow(table, tokens):
             self.pool.release(table)
@@ -68,12 +69,11 @@ class KVManager:
         """A step wrote the K/V of `token_ids` at the table's end."""
         self.pool.written(table, token_ids)
 
-    def prefilled(self, job: PrefillJob, decoder_prompt: list[int]) -> None:
-        """Records what a prefill call wrote of a job's `decoder_prompt` (all of it but `job.remaining`)."""
+    def prefilled(self, job: PrefillJob) -> None:
+        """Records what a prefill step wrote of a job's decoder prompt (its first `job.done` tokens in all)."""
         table = job.kv
         if table is not None:
-            held = len(decoder_prompt) - job.remaining
-            self.pool.written(table, decoder_prompt[table.length : held])
+            self.pool.written(table, job.decoder_prompt[table.length : job.done])
 
     def release(self, job: PrefillJob) -> None:
         """Gives back the blocks of a request that leaves (finished, failed, cancelled or preempted)."""

@@ -6,7 +6,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from transformers_openai.engine.sequence import Sequence
-from transformers_openai.runners.base import PrefillJob
 
 
 class Scheduler:
@@ -39,12 +38,12 @@ class Scheduler:
         if seq.request.continuation:  # the next part of a request already served: before the newcomers
             self.waiting.move_to_end(seq.request_id, last=False)
 
-    def prefill_plan(self, reserve: Callable[[PrefillJob], bool] = lambda job: True) -> list[tuple[Sequence, int]]:
+    def prefill_plan(self, reserve: Callable[[Sequence], bool] = lambda seq: True) -> list[tuple[Sequence, int]]:
         """This step's prefill work: (sequence, prompt tokens to process), oldest first.
 
         Prefills already under way continue first; then waiting requests start while rows, budget and K/V memory
-        remain (`reserve` sets aside a request's K/V memory, or says it does not fit: it then waits, and so do the
-        ones behind it). A request's declared overhead (an encoder pass) counts against the budget too: one whose
+        remain (`reserve` sets aside a request's row and K/V memory, or says it does not fit: it then waits, and so
+        do the ones behind it). A request's declared overhead (an encoder pass) counts against the budget too: one whose
         overhead does not fit waits for the next step, unless nothing else is planned (every step makes progress).
         """
         plan: list[tuple[Sequence, int]] = []
@@ -60,7 +59,7 @@ class Scheduler:
             overhead = head.prefill.overhead
             if plan and overhead >= budget:
                 break
-            if not reserve(head.prefill):
+            if not reserve(head):
                 break
             _, seq = self.waiting.popitem(last=False)
             self.prefilling[seq.request_id] = seq

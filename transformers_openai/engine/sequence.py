@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 
 import torch
 
 from transformers_openai.engine.detokenizer import Decoder, IncrementalDetokenizer
+from transformers_openai.engine.prefill import PrefillJob
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from transformers_openai.engine.sampler import SamplerRow
 from transformers_openai.engine.stats import FinishedRequest
 from transformers_openai.engine.stop_matcher import StopAutomata, StopMatcher
-from transformers_openai.runners.base import PrefillJob
 
 
 class Sequence:
@@ -25,12 +26,13 @@ class Sequence:
         stop_token_ids: frozenset[int],
         max_total_len: int,
         stop_automata: StopAutomata | None = None,
+        decoder_prompt_of: Callable[[list[int]], list[int]] | None = None,
     ) -> None:
         self.request = request
-        self.prefill = PrefillJob(
-            request.prompt_token_ids, request.encoder_inputs, prompt_logprobs=request.params.prompt_logprobs
-        )
-        self.slot: int | None = None
+        # What the decoder reads of a prompt (the runner's spec: T5 reads its start token first).
+        self._decoder_prompt_of = decoder_prompt_of
+        self.prefill = self._job(request.prompt_token_ids, prompt_logprobs=request.params.prompt_logprobs)
+        self.slot: int | None = None  # its row, from its admission until it leaves
         self.preemptions = 0
         self.output_ids: list[int] = []
         self.finish_reason: FinishReason | None = None
@@ -77,15 +79,17 @@ class Sequence:
         """Its row was taken back: it will be prefilled again, over its prompt and the tokens it has so far."""
         earlier, request = self.prefill, self.request
         if self.output_ids:  # its prompt was scored already, and reported with its first token
-            self.prefill = PrefillJob(
-                [*request.prompt_token_ids, *self.output_ids], request.encoder_inputs, info=earlier.info
-            )
+            self.prefill = self._job([*request.prompt_token_ids, *self.output_ids], info=earlier.info)
         else:  # taken back mid-prefill: it starts over, prompt scoring included
-            self.prefill = PrefillJob(
-                request.prompt_token_ids, request.encoder_inputs, prompt_logprobs=request.params.prompt_logprobs
-            )
+            self.prefill = self._job(request.prompt_token_ids, prompt_logprobs=request.params.prompt_logprobs)
         self.slot = None
         self.preemptions += 1
+
+    def _job(
+        self, prompt: list[int], prompt_logprobs: int | None = None, info: dict[str, float] | None = None
+    ) -> PrefillJob:
+        decoder_prompt = prompt if self._decoder_prompt_of is None else self._decoder_prompt_of(prompt)
+        return PrefillJob(decoder_prompt, self.request.encoder_inputs, info=info or {}, prompt_logprobs=prompt_logprobs)
 
     def append(self, token_id: int, logprob: tuple[float, list[tuple[int, float]]] | None) -> RequestOutput:
         """Records a sampled token and returns the output increment it produces."""

@@ -1,51 +1,24 @@
-"""The seam between the engine and a model kind (decoder-only, encoder-decoder, speech)."""
+"""The seam between the engine and a model kind (decoder-only, encoder-decoder, speech).
+
+The engine describes each step (`Step`: rows named by slot, each with its block table and what it adds) and a
+runner executes it (`ModelRunner.execute`); a runner keeps nothing of a request beyond its row's own state, which
+`release` frees. What a kind is (its rows, context, pool and decoding rules) is its `RunnerSpec`, fixed once built.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from numpy.typing import NDArray
 
 from transformers_openai.runners.kv.block_table import BlockTable
 
-
-@dataclass
-class PrefillJob:
-    """A request's input on its way into a row, possibly over several engine steps (chunked prefill).
-
-    `prompt_token_ids` is the decoder's prompt (what generation continues from; empty for T5, whose runner starts
-    from the decoder start token); `encoder_inputs` is the encoder's input (T5: `input_ids`; Whisper:
-    `input_features`), empty for a decoder-only model.
-    """
-
-    prompt_token_ids: list[int]
-    encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
-    done: int = 0  # prompt tokens processed so far
-    state: Any = None  # the runner's partial cache between chunks
-    info: dict[str, float] = field(default_factory=dict)  # what the runner learned while prefilling (reported once)
-    # What starting this prefill costs beyond its tokens, in prompt-token units (an encoder pass), as the runner
-    # declares it: the scheduler's per-step prefill budget counts it.
-    overhead: int = 0
-    # Prompt scoring, when asked for (`prompt_logprobs` alternatives per position): the runner fills `prompt_scores`
-    # with (logprob, rank, [(token, logprob)] top) of every prompt token after the first, in order, across chunks.
-    prompt_logprobs: int | None = None
-    prompt_scores: list[tuple[float, int, list[tuple[int, float]]]] = field(default_factory=list)
-    # The request's block table, given by the engine's K/V manager at admission and held until the request leaves
-    # (its row released, or the job discarded); the runner writes the K/V of new tokens at its `length`.
-    kv: BlockTable | None = None
-
-    @property
-    def remaining(self) -> int:
-        return len(self.prompt_token_ids) - self.done
-
-    @property
-    def table(self) -> BlockTable:
-        """Its block table, which a prefill needs (the engine's K/V manager reserves it at admission)."""
-        if self.kv is None:
-            raise RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
-        return self.kv
+if TYPE_CHECKING:  # the engine imports this module: not the model code behind the executors
+    from transformers_openai.runners.steps.paged_step import StepExecutor
 
 
 @dataclass(frozen=True)
@@ -70,28 +43,6 @@ class KVPoolSpec:
         return -(-tokens // self.block_size)
 
 
-PrefillResult = tuple[int, torch.Tensor] | None  # (slot of the fresh row, next-token logits), or None: not all in
-
-
-class OneByOnePrefill:
-    """`prefill_batch` and `discard` for runners that prefill each job alone (a runner that can batch overrides)."""
-
-    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        raise NotImplementedError
-
-    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
-        outcomes: list[PrefillResult | Exception] = []
-        for job, max_tokens in jobs:
-            try:
-                outcomes.append(self.prefill(job, max_tokens))
-            except Exception as exc:  # that job's failure only
-                outcomes.append(exc)
-        return outcomes
-
-    def discard(self, job: PrefillJob) -> None:
-        job.state = None  # what the runner kept between chunks
-
-
 class RowTokens(Protocol):
     """What a logits processor may read about one row: its prompt and the tokens sampled so far."""
 
@@ -111,76 +62,149 @@ class LogitsProcessor(Protocol):
     def __call__(self, logits: torch.Tensor, rows: Sequence[RowTokens]) -> None: ...
 
 
-DecodeRows = Mapping[int, tuple[BlockTable, int]]  # slot -> (the row's block table, its last sampled token)
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What a runner is, as the engine plans with it: at most `max_rows` rows of at most `max_model_len` tokens
+    each (prompt and output) in its paged pool `kv_pool`, and the kind's own decoding rules.
 
-
-class ModelRunner(Protocol):
-    """Runs one model over a batch of rows, each row one request's KV state.
-
-    A row is named by a stable `slot` id from `prefill` until `release`. The engine's K/V manager owns the pool's
-    blocks: it gives each job its block table before its prefill (`PrefillJob.kv`), grows the tables before a
-    decode step and records what a step wrote; the runner only reads and writes K/V where the tables say. The
-    engine calls these from one thread only.
+    `decoder_start`: a token the decoder reads before the request's prompt (T5's start token), else None.
+    `whole_prompt`: the prompt goes in in one step, whatever the step's budget (an encoder reads its input at once).
     """
 
     max_rows: int
     max_model_len: int
-    kv_pool: KVPoolSpec  # the paged pool the engine's K/V manager hands out
-    # The model kind's own decoding rules (e.g. Whisper's timestamp rules), applied to every step's logits.
-    logits_processors: Sequence[LogitsProcessor]
+    kv_pool: KVPoolSpec
+    logits_processors: Sequence[LogitsProcessor] = ()
+    decoder_start: int | None = None
+    whole_prompt: bool = False
+
+    def decoder_prompt(self, prompt: list[int]) -> list[int]:
+        """The tokens whose K/V a request's table holds once its prompt is in."""
+        return prompt if self.decoder_start is None else [self.decoder_start, *prompt]
 
     def output_limit(self, prompt_len: int) -> int:
         """Most tokens a request with this prompt length may generate."""
+        return self.max_model_len - prompt_len
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    """A request's prompt going in: `tokens` added to its row at `slot` from `table.length` on.
+
+    `last`: the prompt is all in after this step; `score`: the logits of every position are wanted (prompt
+    logprobs); `encoder_inputs`: the request's encoder input (T5: `input_ids`; Whisper: `input_features` and
+    maybe its `window`), given with its first tokens.
+    """
+
+    slot: int
+    table: BlockTable
+    tokens: list[int]
+    last: bool = True
+    score: bool = False
+    encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """A running row fed its last sampled `token` at its table's `length` (the table has room for it)."""
+
+    slot: int
+    table: BlockTable
+    token: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward's work: prompts going in, then running rows advancing by one token each.
+
+    A `probe` runs the decode rows for their failures only: nothing of it is kept or returned.
+    """
+
+    prefills: Sequence[PrefillRow] = ()
+    decodes: Sequence[DecodeRow] = ()
+    probe: bool = False
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    """A prefill row's result. `logits` `[positions, vocab]`: every position of a scored row, the last one of a row
+    whose prompt is in, else None; `info`: what the runner learned (e.g. Whisper's no-speech probability)."""
+
+    logits: torch.Tensor | None
+    info: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """A step's results: one per prefill row, in order (an exception for a row that failed alone, the others going
+    on); the decode rows' next-token logits `[rows, vocab]`, in the order of `slots`."""
+
+    prefills: Sequence[PrefillOutput | Exception] = ()
+    slots: Sequence[int] = ()
+    logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Acceleration:
+    """What a runner may set up before it serves, as the loader allows it: CUDA graphs (`graphs`), decode steps
+    compiled by torch.compile (`compiled`), kernels reading the pool in place (`kernels`), kept in `store` between
+    starts; `distribute` wraps its step executor to run every step on all tensor-parallel ranks."""
+
+    graphs: bool = False
+    compiled: bool = False
+    kernels: bool = False
+    store: Path | None = None
+    distribute: Callable[[StepExecutor], StepExecutor] | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` set up (named, for the start-up log), and whether steps run asynchronously on the device, so
+    the engine may launch the next decode step before reading the last (`engine/core.py`)."""
+
+    done: tuple[str, ...] = ()
+    asynchronous: bool = False
+
+
+class ModelRunner(Protocol):
+    """Runs one model over rows, each row one request's K/V state, named by a slot the engine gives it.
+
+    The engine's K/V manager owns the pool's blocks: it gives each request its block table, grows the tables before
+    a decode step and records what a step wrote; the runner reads and writes K/V where the tables say. The engine
+    calls these from one thread only.
+    """
+
+    spec: RunnerSpec
+
+    def prepare(self, acceleration: Acceleration) -> Prepared:
+        """Sets up what `acceleration` allows, before any row (what does not apply, or fails, is left out)."""
         ...
 
-    def prefill_overhead(self, job: PrefillJob) -> int:
-        """What starting this job's prefill costs beyond its tokens, in token units (0 for a decoder-only model)."""
+    def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
+        """What starting a prefill costs beyond its tokens, in prompt-token units (an encoder pass; 0 for none):
+        the scheduler's per-step prefill budget counts it."""
         ...
 
-    def decoder_prompt(self, job: PrefillJob) -> list[int]:
-        """The tokens whose K/V the job's table holds once its prompt is in (a decoder-only model: the prompt; T5:
-        its decoder start token first). The job needs room for them and one more token; of them, all but
-        `job.remaining` are in after each `prefill`."""
-        ...
-
-    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        """Processes up to `max_tokens` more of a request's input (a runner may take all of it at once), writing its
-        K/V from `job.kv.length` on and advancing `job.done`.
-
-        Returns:
-            None while input remains; once it is all in, (slot of its fresh row, next-token logits [vocab]).
-        """
-        ...
-
-    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
-        """`prefill` for every (job, max_tokens) admitted in one step, so a runner can batch them (one encoder
-        call for several windows). A job that fails gets its exception in its place; the others go on."""
-        ...
-
-    def discard(self, job: PrefillJob) -> None:
-        """Drops what the runner keeps for a job that never got a row (its partial prefill)."""
-        ...
-
-    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
-        """One step over every row, feeding each row its last sampled token at its table's `length`.
-
-        Args:
-            rows: one entry for every row in use (each table with room for one more token).
-        Returns:
-            (slots in the order of the logits' rows, logits of shape [rows, vocab]).
-        """
-        ...
-
-    def probe(self, rows: DecodeRows) -> None:
-        """Runs `decode`'s step for some rows only and keeps nothing of it; raises what `decode` would for them.
-
-        The engine calls it after a failed `decode` to find the rows that cause the failure.
-        """
+    def execute(self, step: Step) -> StepOutput:
+        """Runs the step: each prefill row's tokens into its row, then one token for every decode row."""
         ...
 
     def release(self, slot: int) -> None:
-        """Frees a row at once (what the runner keeps for it; its blocks are the K/V manager's); its slot may be
-        reused by the next prefill."""
+        """Frees what the runner keeps for the row at `slot` (its blocks are the K/V manager's); the slot may be
+        given to another request next."""
         ...
 
-    def rows_in_use(self) -> int: ...
+
+Features = torch.Tensor | NDArray[Any]  # log-mel features `[n_mels, frames]`
+
+
+class SpeechRunner(Protocol):
+    """What a speech model does outside the batch, between steps, for the transcription endpoints."""
+
+    def detect_language(
+        self, features: Features, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+    ) -> int: ...
+
+    def alignment_weights(self, features: Features, tokens: list[int]) -> torch.Tensor: ...
+
+    def release_windows(self, key: str) -> None: ...

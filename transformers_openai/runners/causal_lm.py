@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from transformers_openai.runners.base import (
-    DecodeRows,
-    KVPoolSpec,
-    LogitsProcessor,
-    OneByOnePrefill,
-    PrefillJob,
-    PrefillResult,
+    Acceleration,
+    DecodeRow,
+    PrefillOutput,
+    PrefillRow,
+    Prepared,
+    RunnerSpec,
+    Step,
+    StepOutput,
 )
 from transformers_openai.runners.kernels.paged_attention import use_paged_attention
 from transformers_openai.runners.kv.block_table import BlockTable
@@ -27,15 +30,13 @@ from transformers_openai.runners.steps.paged_step import PagedStep, StepExecutor
 
 logger = logging.getLogger(__name__)
 
-# A scored prompt is prefilled in chunks of at most this many tokens, so its full logits stay small.
-SCORED_CHUNK_TOKENS = 512
 # Padding a batched prefill may add, as a share of its real tokens. On a CPU padding costs its arithmetic; on a
 # GPU a forward costs mostly its launch overhead, so fewer, more padded forwards win.
 CPU_MAX_PADDING = 0.25
 GPU_MAX_PADDING = 1.0
 
 
-class CausalLMRunner(OneByOnePrefill):
+class CausalLMRunner:
     """Prefills the prompts admitted in a step together, then decodes all rows together over one paged K/V pool.
 
     Every forward, prefill or decode, is one step of the `PagedKVCache`: each row adds its own number of tokens
@@ -44,24 +45,33 @@ class CausalLMRunner(OneByOnePrefill):
     their step share forwards in groups of similar lengths (identical prompts are computed once and their K/V
     copied); a prompt chunked over several steps, or one whose logprobs are scored, is prefilled alone.
 
-    The engine's K/V manager gives every job and row its block table; `executor` runs the forwards and copies over
-    the pool (with tensor parallelism, on every rank).
+    The engine gives every row its slot and block table; `executor` runs the forwards and copies over the pool (with
+    tensor parallelism, on every rank).
     """
-
-    logits_processors: Sequence[LogitsProcessor] = ()
 
     def __init__(self, model: PreTrainedModel, max_rows: int, max_model_len: int, kv: KVSpace | None = None) -> None:
         self.model = model
-        self.max_rows = max_rows
         self.device = model.device
         self.max_padding = CPU_MAX_PADDING if self.device.type == "cpu" else GPU_MAX_PADDING
         grouped = self._grouped = use_paged_attention(model)
         self._pool = KVPool(model, max_rows, max_model_len, kv, group_padding=self.max_padding if grouped else None)
-        self.kv_pool: KVPoolSpec = self._pool.spec
+        pool = self._pool.spec
+        self.spec = RunnerSpec(max_rows, min(max_model_len, pool.token_capacity - 1), pool)
         self.executor: StepExecutor = PagedStep(model, self._pool.cache, grouped)
-        self.max_model_len = min(max_model_len, self.kv_pool.token_capacity - 1)
-        self._free_slots = list(range(max_rows - 1, -1, -1))
         self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
+
+    def prepare(self, acceleration: Acceleration) -> Prepared:
+        """Tensor parallelism first (the executor runs each step on every rank), then CUDA graphs, or on a CPU the
+        compiled decode step (plain causal attention run by this process alone: see `fix_steps`)."""
+        if acceleration.distribute is not None:
+            self.executor = acceleration.distribute(self.executor)
+        if acceleration.graphs and self.fix_steps(graphs=True):
+            return Prepared(("CUDA graphs",), asynchronous=True)
+        if acceleration.compiled and self.fix_steps(
+            graphs=False, compiled=True, prefills=False, store=acceleration.store
+        ):
+            return Prepared(("compiled decode step",))
+        return Prepared()
 
     @torch.inference_mode()
     def fix_steps(
@@ -80,13 +90,13 @@ class CausalLMRunner(OneByOnePrefill):
         (steps then run as before)."""
         if not self._grouped or not isinstance(self.executor, PagedStep):
             return False
-        pool = self.kv_pool
-        max_blocks = min(pool.blocks_for(self.max_model_len + 1), pool.usable)
+        pool, max_rows = self.spec.kv_pool, self.spec.max_rows
+        max_blocks = min(pool.blocks_for(self.spec.max_model_len + 1), pool.usable)
         padded = graphs if buckets is None else buckets
         # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
-        most = max(pool.usable * pool.block_size, self.max_rows * pool.block_size * 2)
+        most = max(pool.usable * pool.block_size, max_rows * pool.block_size * 2)
         fixed = FixedSteps(
-            self.executor.forward_planned, self._pool.cache, self.max_rows, max_blocks, padded, most, prefills
+            self.executor.forward_planned, self._pool.cache, max_rows, max_blocks, padded, most, prefills
         )
         try:
             if compiled:
@@ -121,124 +131,83 @@ class CausalLMRunner(OneByOnePrefill):
         ]
         return [self.model.config.to_json_string(), *modules, *tensors]
 
-    def output_limit(self, prompt_len: int) -> int:
-        return self.max_model_len - prompt_len
-
-    def prefill_overhead(self, job: PrefillJob) -> int:
+    def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
         return 0  # its tokens are the whole cost
 
-    def decoder_prompt(self, job: PrefillJob) -> list[int]:
-        return job.prompt_token_ids
-
     @torch.inference_mode()
-    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
-        outcomes: list[PrefillResult | Exception] = [None] * len(jobs)
+    def execute(self, step: Step) -> StepOutput:
+        if step.probe:  # writes the rows' next slots, which nothing records: the next real step overwrites them
+            self._step([(row.table, [row.token]) for row in step.decodes], keep=1)
+            return StepOutput()
+        prefills = self._prefill(step.prefills) if step.prefills else []
+        if not step.decodes:
+            return StepOutput(prefills)
+        slots, logits = self._decode(step.decodes)
+        return StepOutput(prefills, slots, logits)
+
+    def _prefill(self, rows: Sequence[PrefillRow]) -> list[PrefillOutput | Exception]:
+        """Rows whose prompt goes in whole, unscored, share forwards in groups of similar lengths (identical ones
+        computed once); the others go alone. A row that fails alone gets its exception; the others go on."""
+        outcomes: list[PrefillOutput | Exception | None] = [None] * len(rows)
         alone: list[int] = []
-        same: dict[tuple[int, ...], list[int]] = {}  # each distinct prompt taken whole -> the jobs that have it
-        for i, (job, take) in enumerate(jobs):
-            if job.kv is None:
-                outcomes[i] = RuntimeError("a prefill needs the block table the engine's K/V manager reserves for it")
-            elif job.prompt_logprobs is None and 0 < job.remaining <= take:
-                same.setdefault((job.done, *job.prompt_token_ids), []).append(i)
+        # Each distinct prompt taken whole -> the rows that have it: the same blocks held (a cached prefix), the same
+        # tokens added.
+        same: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+        block_size = self.spec.kv_pool.block_size
+        for i, row in enumerate(rows):
+            if row.last and not row.score and row.tokens:
+                held = tuple(row.table.blocks[: -(-row.table.length // block_size)])
+                same.setdefault((held, tuple(row.tokens)), []).append(i)
             else:
                 alone.append(i)
         keys = list(same)
-        for group in length_groups([len(key) - key[0] for key in keys], self.max_padding):
-            firsts = [jobs[same[keys[g]][0]][0] for g in group]
+        for group in length_groups([len(tokens) for _, tokens in keys], self.max_padding):
+            firsts = [rows[same[keys[g]][0]] for g in group]
             try:
-                logits = self._forward([(job, job.prompt_token_ids[job.done :]) for job in firsts], keep=1)
+                logits = self._forward([(row.table, row.tokens) for row in firsts], keep=1)
             except Exception:  # one prompt may be at fault: each of them alone, failing alone
                 alone.extend(i for g in group for i in same[keys[g]])
                 continue
             for g, first, row_logits in zip(group, firsts, logits, strict=True):
-                copies, last = same[keys[g]][1:], row_logits[-1].float()
-                for i in copies:  # before the first joins: its table is read
+                for i in same[keys[g]][1:]:
                     try:
-                        self._copy_prompt(first, jobs[i][0])
-                    except Exception as exc:  # that job's failure only
+                        self._copy_prompt(first, rows[i])
+                    except Exception as exc:  # that row's failure only
                         outcomes[i] = exc
                 for i in same[keys[g]]:
                     if outcomes[i] is None:
-                        outcomes[i] = self._join(jobs[i][0]), last
+                        outcomes[i] = PrefillOutput(row_logits[-1:])
         for i in alone:
+            row = rows[i]
             try:
-                outcomes[i] = self.prefill(*jobs[i])
-            except Exception as exc:  # that job's failure only
+                outcomes[i] = PrefillOutput(self._forward([(row.table, row.tokens)], keep=0 if row.score else 1)[0])
+            except Exception as exc:  # that row's failure only
                 outcomes[i] = exc
-        return outcomes
+        return [outcome if outcome is not None else RuntimeError("row not run") for outcome in outcomes]
 
-    @torch.inference_mode()
-    def prefill(self, job: PrefillJob, max_tokens: int) -> PrefillResult:
-        scoring = job.prompt_logprobs is not None
-        take = max(max_tokens, 1) if not scoring else min(max(max_tokens, 1), SCORED_CHUNK_TOKENS)
-        start, end = job.done, min(len(job.prompt_token_ids), job.done + take)
-        logits = self._forward([(job, job.prompt_token_ids[start:end])], keep=0 if scoring else 1)[0]
-        if scoring:
-            _score(job, logits, start, end)
-        if end < len(job.prompt_token_ids):
-            return None
-        return self._join(job), logits[-1].float()
+    def _forward(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
+        """One step adding each row's tokens after what its table holds; logits `[rows, keep or tokens, vocab]`."""
+        logits = self.fixed.prefill(rows) if self.fixed is not None and keep == 1 else None
+        return logits if logits is not None else self._step(rows, keep)
 
-    def _forward(self, rows: list[tuple[PrefillJob, list[int]]], keep: int) -> torch.Tensor:
-        """One step adding each job's `tokens` after what its table holds; logits `[rows, keep or tokens, vocab]`."""
-        tables = [(job.table, tokens) for job, tokens in rows]
-        logits = self.fixed.prefill(tables) if self.fixed is not None and keep == 1 else None
-        if logits is None:
-            logits = self._step(tables, keep)
-        for job, tokens in rows:
-            job.done += len(tokens)
-        return logits
-
-    def _copy_prompt(self, source: PrefillJob, target: PrefillJob) -> None:
+    def _copy_prompt(self, source: PrefillRow, target: PrefillRow) -> None:
         """An identical prompt computed once: `target` gets a copy of `source`'s K/V beyond its own cached prefix."""
-        start, length = target.done, len(source.prompt_token_ids)
+        start = target.table.length
+        length = start + len(target.tokens)
         self.executor.copy_slots(*self._pool.copy_slots(source.table, target.table, length, start))
-        target.done = length
 
-    def _join(self, job: PrefillJob) -> int:
-        return self._free_slots.pop()
-
-    @torch.inference_mode()
-    def decode(self, rows: DecodeRows) -> tuple[list[int], torch.Tensor]:
-        order = list(rows)
-        held = [rows[slot][0] for slot in order]
-        tokens = [rows[slot][1] for slot in order]
+    def _decode(self, rows: Sequence[DecodeRow]) -> tuple[list[int], torch.Tensor]:
+        order = [row.slot for row in rows]
+        held = [row.table for row in rows]
+        tokens = [row.token for row in rows]
         logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
         if logits is None:  # no fixed steps, or this one is wider than they take
-            logits = self._step([(table, [token]) for table, token in zip(held, tokens, strict=True)], keep=1)
-            logits = logits[:, -1].float()
+            logits = self._step([(row.table, [row.token]) for row in rows], keep=1)[:, -1].float()
         return order, logits
-
-    @torch.inference_mode()
-    def probe(self, rows: DecodeRows) -> None:
-        # The step writes the rows' next slots, which nothing records: the next real step overwrites them.
-        self._step([(table, [token]) for table, token in rows.values()], keep=1)
 
     def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
         return self.executor.forward(rows, keep)
 
     def release(self, slot: int) -> None:
-        self._free_slots.append(slot)
         if self.fixed is not None:
             self.fixed.forget(slot)
-
-    def rows_in_use(self) -> int:
-        return self.max_rows - len(self._free_slots)
-
-
-def _score(job: PrefillJob, logits: torch.Tensor, start: int, end: int) -> None:
-    """Appends the logprobs of the prompt tokens the chunk `start..end` predicts (start+1 .. end, within the prompt)."""
-    targets = job.prompt_token_ids[start + 1 : end + 1]
-    if not targets:
-        return
-    logprobs = logits[: len(targets)].float().log_softmax(dim=-1)
-    picked = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None])
-    chosen = picked[:, 0].tolist()
-    ranks = ((logprobs > picked).sum(dim=-1) + 1).tolist()
-    k = job.prompt_logprobs or 0
-    if k:
-        values, indices = logprobs.topk(k, dim=-1)
-        tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
-    else:
-        tops = [[] for _ in targets]
-    job.prompt_scores.extend(zip(chosen, ranks, tops, strict=True))

@@ -6,22 +6,22 @@ from __future__ import annotations
 class SlotTable:
     """Maps the engine's stable slot ids to the current row positions of a compacted batch."""
 
-    def __init__(self, max_rows: int) -> None:
-        self._free = list(range(max_rows - 1, -1, -1))
+    def __init__(self) -> None:
         self._pos_of: dict[int, int] = {}
         self._slot_at: list[int] = []
 
     def __len__(self) -> int:
         return len(self._slot_at)
 
-    def add(self, pos: int) -> int:
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._pos_of
+
+    def add(self, slot: int, pos: int) -> None:
         """Names the row just appended at `pos` (always the end of the batch)."""
         if pos != len(self._slot_at):
             raise RuntimeError("rows must be appended at the end of the batch")
-        slot = self._free.pop()
         self._pos_of[slot] = pos
         self._slot_at.append(slot)
-        return slot
 
     def pos(self, slot: int) -> int:
         return self._pos_of[slot]
@@ -38,4 +38,3 @@ class SlotTable:
             self._slot_at[pos] = moved_slot
             self._pos_of[moved_slot] = pos
         self._slot_at.pop()
-        self._free.append(slot)

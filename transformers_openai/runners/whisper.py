@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import EncoderDecoderCache, PreTrainedModel
 
-from transformers_openai.runners.base import LogitsProcessor, PrefillJob, PrefillResult
+from transformers_openai.runners.base import (
+    Acceleration,
+    Features,
+    LogitsProcessor,
+    PrefillOutput,
+    PrefillRow,
+    Prepared,
+)
 from transformers_openai.runners.kernels.cross_attention import use_cross_in_place
 from transformers_openai.runners.kv.kv_cache import cache_keyword
 from transformers_openai.runners.kv.kv_pool import KVSpace
@@ -34,7 +42,8 @@ class WhisperRunner(Seq2SeqRunner):
     Each row keeps its window's cross-attention K/V (all encoder positions are real audio, no mask) and
     its decoder self-attention K/V; Whisper's learned positions need each row's own position id.
     A request's `encoder_inputs["input_features"]` is `[n_mels, 3000]`; its prompt is the forced prefix
-    (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`).
+    (`<|startofprev|>` + previous text, `<|startoftranscript|>`, language, task, `<|notimestamps|>`), which starts
+    with its own start token.
     A request may name its window (`encoder_inputs["window"]`: a `WindowKey`, the transcription's server-made key and
     the window's number): its encoder output is then kept for a retry of the same window (temperature fallback), one
     window per transcription (its next window replaces it), until `release_windows` drops it when the transcription
@@ -49,12 +58,13 @@ class WhisperRunner(Seq2SeqRunner):
         kv: KVSpace | None = None,
     ) -> None:
         config = model.config
-        super().__init__(model, max_rows, int(config.max_target_positions), int(config.max_source_positions), kv)
-        self.logits_processors = logits_processors
+        max_target, max_source = int(config.max_target_positions), int(config.max_source_positions)
+        super().__init__(model, max_rows, max_target, max_source, kv, logits_processors)
         generation = model.generation_config
         self._sot = int(generation.decoder_start_token_id)
         self._no_speech = _no_speech_token(generation)
         self._encoded: OrderedDict[str, tuple[int, torch.Tensor]] = OrderedDict()  # transcription -> its window
+        self._encoded_now: dict[int, torch.Tensor] = {}  # slot -> its window's encoder states from this step's batch
         self._model_cache_keyword = cache_keyword(model.model)  # the prefill calls the encoder-decoder without its head
 
     @classmethod
@@ -71,8 +81,15 @@ class WhisperRunner(Seq2SeqRunner):
         )
         return cls(model, max_rows, [WhisperRules(tokens, int(model.config.vocab_size), model.device)], kv)
 
-    def output_limit(self, prompt_len: int) -> int:
-        return self.max_model_len - prompt_len  # the decoder holds at most 448 tokens, prefix included
+    @staticmethod
+    def _decoder_start(model: PreTrainedModel) -> int | None:
+        return None  # the forced prefix starts with its own start token
+
+    def prepare(self, acceleration: Acceleration) -> Prepared:
+        store = acceleration.store
+        if acceleration.kernels and store is not None and self.read_cross_in_place(store):
+            return Prepared(("cross-attention kernel",))
+        return Prepared()
 
     def read_cross_in_place(self, directory: Path) -> bool:
         """Decode steps' cross-attention through the kernel that reads each row's K/V as kept (`cross_attention.py`,
@@ -84,40 +101,43 @@ class WhisperRunner(Seq2SeqRunner):
         self._cross_cache.transpose_keys()
         return True
 
-    def prefill_overhead(self, job: PrefillJob) -> int:
+    def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
-        return 0 if self._kept(job.encoder_inputs.get("window")) is not None else self.max_input_len
+        return 0 if self._kept(encoder_inputs.get("window")) is not None else self.max_input_len
 
-    @torch.inference_mode()
-    def prefill_batch(self, jobs: Sequence[tuple[PrefillJob, int]]) -> list[PrefillResult | Exception]:
+    def _prefill(self, rows: Sequence[PrefillRow]) -> list[PrefillOutput | Exception]:
         """The windows admitted together that need an encoder pass share one batched call; then each joins."""
-        fresh = [job for job, _ in jobs if job.state is None and self._kept(job.encoder_inputs.get("window")) is None]
+        fresh = [row for row in rows if self._kept(row.encoder_inputs.get("window")) is None]
         if len(fresh) > 1:
             try:
-                hidden = self.model.model.encoder(input_features=torch.cat([self._features(job) for job in fresh]))
+                batch = torch.cat([self._features(row.encoder_inputs) for row in fresh])
+                hidden = self.model.model.encoder(input_features=batch)
             except Exception:  # e.g. one window of the wrong shape: each is encoded alone, and fails alone
                 logger.warning("batched encoder pass failed; encoding its %d windows alone", len(fresh), exc_info=True)
             else:
-                for job, states in zip(fresh, hidden.last_hidden_state, strict=True):
-                    job.state = states[None].clone()  # its own: a kept window must not hold the whole batch
-        return super().prefill_batch(jobs)
+                for row, states in zip(fresh, hidden.last_hidden_state, strict=True):
+                    self._encoded_now[row.slot] = states[None].clone()  # its own: a kept window must not hold all
+        try:
+            return super()._prefill(rows)
+        finally:
+            self._encoded_now.clear()
 
-    def _features(self, job: PrefillJob) -> torch.Tensor:
-        features = torch.as_tensor(job.encoder_inputs["input_features"], device=self.device, dtype=self.model.dtype)
+    def _features(self, encoder_inputs: Mapping[str, Any]) -> torch.Tensor:
+        features = torch.as_tensor(encoder_inputs["input_features"], device=self.device, dtype=self.model.dtype)
         if features.dim() == 2:
             features = features.unsqueeze(0)
         if features.shape[-1] != WINDOW_FRAMES:
             raise ValueError(f"Whisper takes windows of {WINDOW_FRAMES} mel frames, got {features.shape[-1]}")
         return features
 
-    def _prefill_forward(self, job: PrefillJob, own_cache: EncoderDecoderCache) -> torch.Tensor:
-        encoded, job.state = job.state, None  # the batched encoder pass's output, if this step made one
-        window: WindowKey | None = job.encoder_inputs.get("window")
+    def _prefill_forward(self, row: PrefillRow, own_cache: EncoderDecoderCache, info: dict[str, float]) -> torch.Tensor:
+        encoded = self._encoded_now.pop(row.slot, None)  # the batched encoder pass's output, if this step made one
+        window: WindowKey | None = row.encoder_inputs.get("window")
         if encoded is None:
-            encoded = self._encode(self._features(job), window)
+            encoded = self._encode(self._features(row.encoder_inputs), window)
         elif window is not None:
             self._remember(window, encoded)
-        prefix = job.prompt_token_ids
+        prefix = list(row.tokens)
         out = self.model.model(
             encoder_outputs=(encoded,),
             decoder_input_ids=torch.tensor([prefix], device=self.device),
@@ -130,7 +150,7 @@ class WhisperRunner(Seq2SeqRunner):
         head: torch.nn.Module = self.model.get_output_embeddings()  # type: ignore[no-untyped-call]
         logits = head(hidden).float()
         if self._no_speech is not None:
-            job.info["no_speech_prob"] = float(logits[0].softmax(-1)[self._no_speech])
+            info["no_speech_prob"] = float(logits[0].softmax(-1)[self._no_speech])
         next_logits: torch.Tensor = logits[1]
         return next_logits
 
@@ -158,7 +178,7 @@ class WhisperRunner(Seq2SeqRunner):
         key, number = window
         self._encoded[key] = (number, hidden)  # a transcription's earlier windows are done with: replaced
         self._encoded.move_to_end(key)
-        while len(self._encoded) > self.max_rows:
+        while len(self._encoded) > self.spec.max_rows:
             self._encoded.popitem(last=False)
 
     def release_windows(self, key: str) -> None:
@@ -169,28 +189,25 @@ class WhisperRunner(Seq2SeqRunner):
         """The windows whose encoder output is kept, oldest first."""
         return [(key, number) for key, (number, _) in self._encoded.items()]
 
-    def decoder_prompt(self, job: PrefillJob) -> list[int]:
-        return job.prompt_token_ids  # the forced prefix starts with its own start token
-
     def _step_inputs(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         return {"decoder_position_ids": plan.positions}
 
     @torch.inference_mode()
     def detect_language(
-        self, features: torch.Tensor, sot: int, language_tokens: Sequence[int], window: WindowKey | None = None
+        self, features: Features, sot: int, language_tokens: Sequence[int], window: WindowKey | None = None
     ) -> int:
         """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch).
 
         With `window`, the encoder output is kept for that window's prefill, which then does not encode again.
         """
-        encoded = self._encode(self._features(PrefillJob([], {"input_features": features})), window)
+        encoded = self._encode(self._features({"input_features": features}), window)
         decoder_input_ids = torch.tensor([[sot]], device=self.device)
         out = self.model(encoder_outputs=(encoded,), decoder_input_ids=decoder_input_ids)
         candidates = torch.tensor(list(language_tokens), device=self.device)
         return int(candidates[out.logits[0, -1, candidates].argmax()])
 
     @torch.inference_mode()
-    def alignment_weights(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    def alignment_weights(self, features: Features, tokens: list[int]) -> torch.Tensor:
         """Cross-attention of the alignment heads over one teacher-forced pass of `tokens` (for word times).
 
         Returns `[heads, len(tokens), 1500]` attention probabilities: row i is what the decoder attends to

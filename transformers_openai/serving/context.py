@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from numpy.typing import NDArray
+
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.errors import ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
@@ -42,8 +44,6 @@ class EngineClient(Protocol):
 
     def stats(self) -> Any: ...
 
-    async def call(self, fn: Any) -> Any: ...
-
 
 class SpeechObserver(Protocol):
     """Told of every finished transcription (the metrics)."""
@@ -51,12 +51,25 @@ class SpeechObserver(Protocol):
     def on_transcription(self, endpoint: str, audio_seconds: float, real_time_factor: float) -> None: ...
 
 
+class SpeechClient(Protocol):
+    """The speech model's work outside the batch (`engine.speech_calls.SpeechCalls`, or a fake in tests)."""
+
+    async def detect_language(
+        self, features: NDArray[Any], sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+    ) -> int: ...
+
+    async def alignment_weights(self, features: NDArray[Any], tokens: list[int]) -> Any: ...
+
+    async def release_windows(self, key: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class SpeechModel:
-    """What the audio endpoints need beside the engine: features, special tokens and limits."""
+    """What the audio endpoints need beside the engine: features, special tokens, the model's own calls, limits."""
 
     feature_extractor: Any  # WhisperFeatureExtractor
     tokens: WhisperTokens
+    calls: SpeechClient
     max_audio_seconds: float
     max_audio_decodes: int = 2  # uploads decoded at once
     observer: SpeechObserver | None = None

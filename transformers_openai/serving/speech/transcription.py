@@ -180,9 +180,7 @@ class TranscriptionHandler:
         tokens = self.speech.tokens
         window = np.ascontiguousarray(audio.features[:, :WINDOW_FRAMES])
         candidates = dict(tokens.languages)
-        best: int = await self.ctx.engine.call(
-            lambda runner: runner.detect_language(window, tokens.sot, list(candidates.values()), (key, 0))
-        )
+        best = await self.speech.calls.detect_language(window, tokens.sot, list(candidates.values()), (key, 0))
         return next(code for code, token in candidates.items() if token == best)
 
     def _prefix(self, request: TranscriptionRequest, language: str, previous: list[int]) -> list[int]:
@@ -289,7 +287,7 @@ class TranscriptionHandler:
 
     async def _forget(self, key: str) -> None:
         with contextlib.suppress(Exception):  # a stopped engine keeps nothing; a runner without windows neither
-            await self.ctx.engine.call(lambda runner: runner.release_windows(key))
+            await self.speech.calls.release_windows(key)
 
     async def _decode_window(
         self,
@@ -352,7 +350,7 @@ class TranscriptionHandler:
             at += len(part.text_tokens)
         forced = [*self._untimed_prefix(language), *text, tokens.eot]
         window = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
-        weights = await self.ctx.engine.call(lambda runner: runner.alignment_weights(window, forced))
+        weights = await self.speech.calls.alignment_weights(window, forced)
         timed = await asyncio.to_thread(
             one_torch_thread(word_timestamps),
             alignment_rows(weights, len(text)),

@@ -1,0 +1,33 @@
+"""A speech runner's work outside the batch, run on the engine thread between two steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from transformers_openai.engine.engine_thread import EngineThread
+from transformers_openai.runners.base import Features, SpeechRunner
+
+
+class SpeechCalls:
+    """Language detection, word alignment and the release of kept windows, each awaited from the event loop while
+    the engine thread runs it between steps (the model is never used by two threads)."""
+
+    def __init__(self, engine: EngineThread, runner: SpeechRunner) -> None:
+        self._engine = engine
+        self._runner = runner
+
+    async def detect_language(
+        self, features: Features, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+    ) -> int:
+        """The likeliest language token after `sot` for one window (its encoder output kept for `window`)."""
+        return await self._engine.call(lambda: self._runner.detect_language(features, sot, language_tokens, window))
+
+    async def alignment_weights(self, features: Features, tokens: list[int]) -> torch.Tensor:
+        """The alignment heads' cross-attention over one teacher-forced pass of `tokens`."""
+        return await self._engine.call(lambda: self._runner.alignment_weights(features, tokens))
+
+    async def release_windows(self, key: str) -> None:
+        """Drops what the runner kept for the transcription `key`."""
+        await self._engine.call(lambda: self._runner.release_windows(key))
