@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from starlette.types import Message
 
 from tests.app.fake_engine import FakeEngine
 from transformers_openai.api.app import create_app
@@ -94,7 +95,9 @@ def sse_chunks(body: str) -> list[dict[str, Any]]:
     return [json.loads(d) for d in data[:-1]]
 
 
-def assert_error(response: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict:
+def assert_error(
+    response: httpx.Response, status: int, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """Checks OpenAI's error shape and status; `param`/`code` are checked when given."""
     assert response.status_code == status, response.text
     body = response.json()
@@ -154,14 +157,14 @@ class RawExchange:
     async def run(self) -> None:
         await self.app(self.scope, self._receive, self._send)
 
-    async def _receive(self) -> dict[str, Any]:
+    async def _receive(self) -> Message:
         if not self._body_sent:
             self._body_sent = True
             return {"type": "http.request", "body": self.body, "more_body": False}
         await self.disconnect.wait()
         return {"type": "http.disconnect"}
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Message) -> None:
         if not self.reading:
             await asyncio.Event().wait()  # until the server gives up on this send
         if message["type"] == "http.response.start":

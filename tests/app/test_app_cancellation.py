@@ -21,7 +21,7 @@ from tests.app.support import (
     running,
     wait_until,
 )
-from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest
+from transformers_openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from transformers_openai.serving.base import ClientDisconnected
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.completions import CompletionHandler
@@ -86,7 +86,7 @@ async def _soon() -> None:
 async def test_chat_handler_disconnect_raises_and_aborts(hanging: FakeEngine, hf_tokenizer: Any) -> None:
     await hanging.start()
     handler = ChatHandler(make_context(hanging, hf_tokenizer))
-    request = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    request = ChatCompletionRequest(model=MODEL, messages=[ChatMessage(role="user", content="Hi")])
     with pytest.raises(ClientDisconnected):
         await asyncio.wait_for(handler.create(request, _soon), 5)
     [submitted] = hanging.submitted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -86,7 +87,7 @@ async def test_n_with_seed_gives_distinct_seeded_choices(client: httpx.AsyncClie
     assert all(c["message"]["content"] == "Hello, world" for c in body["choices"])
     assert len(fake.submitted) == 3
     assert len({r.request_id for r in fake.submitted}) == 3
-    assert sorted(r.params.seed for r in fake.submitted) == [7, 8, 9]
+    assert Counter(r.params.seed for r in fake.submitted) == Counter([7, 8, 9])
     prompt_len = len(fake.submitted[0].prompt_token_ids)
     assert all(r.prompt_token_ids == fake.submitted[0].prompt_token_ids for r in fake.submitted)
     assert body["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 9, "total_tokens": prompt_len + 9}

@@ -62,7 +62,9 @@ def case_id(case: tuple[str, dict[str, Any], int, str | None, str | None]) -> st
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-async def test_rejected(client: httpx.AsyncClient, fake: FakeEngine, case: tuple) -> None:
+async def test_rejected(
+    client: httpx.AsyncClient, fake: FakeEngine, case: tuple[str, dict[str, Any], int, str | None, str | None]
+) -> None:
     path, body, status, param, code = case
     assert_error(await client.post(path, json=body), status, param=param, code=code)
     assert not fake.submitted

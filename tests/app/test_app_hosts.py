@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Message
 
 from tests.app.fake_engine import FakeEngine
 from tests.app.support import assert_error, make_app, running, wait_until_async
@@ -74,12 +75,12 @@ async def test_a_request_without_a_host_header_passes(fake: FakeEngine, hf_token
     """HTTP/1.0 health checks (HAProxy's `option httpchk`) send none; a browser always does."""
     app = make_app(fake, hf_tokenizer)
     async with running(app):
-        sent: list[dict[str, Any]] = []
+        sent: list[Message] = []
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> Message:
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             sent.append(message)
 
         scope = {

@@ -21,7 +21,9 @@ async def oai(fake: FakeEngine, hf_tokenizer: Any) -> AsyncIterator[AsyncOpenAI]
     app = make_app(fake, hf_tokenizer)
     async with running(app):
         http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-        async with AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
+        # The SDK takes httpx's own client as well as httpx2's, though its annotation names httpx2's only.
+        client = AsyncOpenAI(base_url=f"{BASE_URL}/v1", api_key="x", http_client=http_client, max_retries=0)  # type: ignore[arg-type]
+        async with client as oai:
             yield oai
 
 

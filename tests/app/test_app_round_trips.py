@@ -73,7 +73,7 @@ async def test_legacy_function_calls_in_the_history_get_a_clear_400(client: http
 async def test_null_means_the_default(
     client: httpx.AsyncClient, fake: FakeEngine, path: str, fields: dict[str, None]
 ) -> None:
-    body = {"model": MODEL, "max_tokens": 3, **fields}
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 3, **fields}
     body |= {"messages": [{"role": "user", "content": "Hi"}]} if path == CHAT else {"prompt": "Hi"}
     response = await client.post(path, json=body)
     assert response.status_code == 200, response.text

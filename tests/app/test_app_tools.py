@@ -9,13 +9,19 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 from openai import AsyncOpenAI
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+    ChatCompletionToolMessageParam,
+)
 
 from tests.app.fake_engine import FakeEngine, Script
 from tests.app.support import CHAT, MODEL, assert_error, chat_body, make_app, make_context, running, sse_chunks
@@ -23,7 +29,7 @@ from transformers_openai.serving.text.structured_output import StructuredOutputs
 from transformers_openai.serving.tokenizer import TokenizerService
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"
-WEATHER = {
+WEATHER: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -31,14 +37,17 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
+TIME: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "The time now."},
+}
 CALL_PIECES = [
     "Let me check.\n<tool",
     '_call>\n{"name": "get_weather", ',
     '"arguments": {"city": ',
     '"Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
 ]
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture
@@ -130,16 +139,22 @@ async def test_a_tool_round_trip_reaches_the_model(
     """The assistant message as the openai client returned it, then the tool's result: the second turn works."""
     fake.script = Script(pieces=CALL_PIECES)
     http_client = httpx.AsyncClient(transport=tool_client._transport, base_url="http://localhost")
-    async with AsyncOpenAI(base_url="http://localhost/v1", api_key="x", http_client=http_client, max_retries=0) as oai:
-        first = await oai.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER, TIME])  # type: ignore[arg-type,list-item]
+    # The SDK takes httpx's own client as well as httpx2's, though its annotation names httpx2's only.
+    oai = AsyncOpenAI(base_url="http://localhost/v1", api_key="x", http_client=http_client, max_retries=0)  # type: ignore[arg-type]
+    async with oai:
+        first = await oai.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER, TIME])
         message = first.choices[0].message
         assert message.tool_calls
-        results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny, 21 C"} for c in message.tool_calls]
+        results: list[ChatCompletionToolMessageParam] = [
+            {"role": "tool", "tool_call_id": c.id, "content": "sunny, 21 C"} for c in message.tool_calls
+        ]
+        # The assistant message sent back as the client returned it (its dump has the param's shape).
+        returned = cast(ChatCompletionAssistantMessageParam, message.model_dump())
         fake.script = Script(pieces=["It is sunny."])
         second = await oai.chat.completions.create(
             model=MODEL,
-            messages=[*USER, message.model_dump(), *results],
-            tools=[WEATHER, TIME],  # type: ignore[list-item,arg-type]
+            messages=[*USER, returned, *results],
+            tools=[WEATHER, TIME],
         )
     assert second.choices[0].message.content == "It is sunny." and second.choices[0].finish_reason == "stop"
     prompt = prompt_text(fake, hf_tokenizer)
