@@ -42,7 +42,8 @@ async def _concurrent_completions(
             model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=0
         )
         choice = response.choices[0]
-        assert choice.logprobs is not None
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert response.usage is not None
         return choice.text, response.usage.completion_tokens, list(choice.logprobs.token_logprobs)
 
     try:

@@ -11,10 +11,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 from tests.e2e.conftest import sync_client
 from tests.e2e.server import ServerProcess, start_server
@@ -82,8 +86,13 @@ def minilm_server(minilm_dir: Path, server_logs: Path) -> Iterator[ServerProcess
     server.stop()
 
 
+def base64_text(embedding: list[float]) -> str:
+    """An embedding asked for as base64: the client's type says floats, the wire holds the text."""
+    return cast(str, embedding)
+
+
 @pytest.fixture(scope="session")
-def sentence_transformer(minilm_dir: Path) -> object:
+def sentence_transformer(minilm_dir: Path) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(minilm_dir), device="cpu")
@@ -91,13 +100,13 @@ def sentence_transformer(minilm_dir: Path) -> object:
 
 @pytest.mark.slow
 def test_minilm_equals_sentence_transformers_under_concurrency(
-    minilm_server: ServerProcess, sentence_transformer: object
+    minilm_server: ServerProcess, sentence_transformer: SentenceTransformer
 ) -> None:
     texts = mixed_texts()
     before = minilm_server.engine_state()
     got = embed_concurrently(minilm_server, texts, requests=16)
     after = minilm_server.engine_state()
-    expected = sentence_transformer.encode(texts, batch_size=32)  # type: ignore[attr-defined]
+    expected = sentence_transformer.encode(texts, batch_size=32)
     assert cosines(got, expected).min() > 0.9999
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the Normalize module was applied
     assert after["requests"] - before["requests"] == 16
@@ -108,42 +117,50 @@ def test_minilm_equals_sentence_transformers_under_concurrency(
 
 
 @pytest.mark.slow
-def test_openai_client_float_and_base64(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+def test_openai_client_float_and_base64(
+    minilm_server: ServerProcess, sentence_transformer: SentenceTransformer
+) -> None:
     client = sync_client(minilm_server)
     texts = ["A first sentence.", "And a second, somewhat longer one, to pad the batch."]
     floats = client.embeddings.create(model="test-model", input=texts, encoding_format="float")
     raw = client.embeddings.create(model="test-model", input=texts, encoding_format="base64")
     decoded_by_client = client.embeddings.create(model="test-model", input=texts)  # it asks base64 and decodes
     as_floats = np.array([d.embedding for d in floats.data])
-    as_base64 = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
+    as_base64 = np.array([np.frombuffer(base64.b64decode(base64_text(d.embedding)), dtype="<f4") for d in raw.data])
     assert np.array_equal(as_floats.astype(np.float32), as_base64)
     assert np.array_equal(np.array([d.embedding for d in decoded_by_client.data], dtype=np.float32), as_base64)
-    expected = sentence_transformer.encode(texts)  # type: ignore[attr-defined]
+    expected = sentence_transformer.encode(texts)
     assert cosines(as_base64, expected).min() > 0.9999
-    tokens = sentence_transformer.tokenizer(texts)["input_ids"]  # type: ignore[attr-defined]
+    tokens = sentence_transformer.tokenizer(texts)["input_ids"]
     assert floats.usage.prompt_tokens == floats.usage.total_tokens == sum(len(ids) for ids in tokens)
     single = client.embeddings.create(model="test-model", input=tokens[0], encoding_format="float")
     assert cosines(np.array([single.data[0].embedding]), expected[:1])[0] > 0.9999  # token ids as input
 
 
 @pytest.mark.slow
-def test_langchain_openai_embeddings(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+def test_langchain_openai_embeddings(minilm_server: ServerProcess, sentence_transformer: SentenceTransformer) -> None:
     from langchain_openai import OpenAIEmbeddings
+    from pydantic import SecretStr
 
     # check_embedding_ctx_length=False: its default tokenizes with tiktoken, which downloads its vocabulary.
-    embeddings = OpenAIEmbeddings(
-        model="test-model", base_url=minilm_server.base_url, api_key="unused", check_embedding_ctx_length=False
+    embeddings = OpenAIEmbeddings(  # base_url and api_key by their field names, as its typed __init__ has them
+        model="test-model",
+        openai_api_base=minilm_server.base_url,
+        openai_api_key=SecretStr("unused"),
+        check_embedding_ctx_length=False,
     )
     texts = mixed_texts(count=6, longest_words=40)
     documents = np.array(embeddings.embed_documents(texts))
     query = np.array([embeddings.embed_query(texts[0])])
-    expected = sentence_transformer.encode(texts)  # type: ignore[attr-defined]
+    expected = sentence_transformer.encode(texts)
     assert cosines(documents, expected).min() > 0.9999
     assert cosines(query, expected[:1])[0] > 0.9999
 
 
 @pytest.mark.slow
-def test_length_limit_truncation_and_refusals(minilm_server: ServerProcess, sentence_transformer: object) -> None:
+def test_length_limit_truncation_and_refusals(
+    minilm_server: ServerProcess, sentence_transformer: SentenceTransformer
+) -> None:
     url = f"{minilm_server.root_url}/embeddings"  # also served without /v1
     long_text = "word " * 400
     too_long = httpx.post(url, json={"model": "test-model", "input": ["short", long_text]}, timeout=60)
@@ -151,9 +168,9 @@ def test_length_limit_truncation_and_refusals(minilm_server: ServerProcess, sent
     assert too_long.json()["error"]["param"] == "input" and "input 1" in too_long.json()["error"]["message"]
     cut = httpx.post(url, json={"model": "test-model", "input": long_text, "truncate_prompt_tokens": -1}, timeout=60)
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 256
-    expected = sentence_transformer.encode([long_text])  # type: ignore[attr-defined]  # it truncates to 256 too
+    expected = sentence_transformer.encode([long_text])  # it truncates to 256 too
     assert cosines(np.array([cut.json()["data"][0]["embedding"]]), expected)[0] > 0.9999
-    for body, param in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"input": []}, "input"),
         ({"input": [[]]}, "input"),
         ({"input": ""}, "input"),
@@ -163,7 +180,8 @@ def test_length_limit_truncation_and_refusals(minilm_server: ServerProcess, sent
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"input": "x", "truncate_prompt_tokens": 1000}, "truncate_prompt_tokens"),
-    ]:
+    ]
+    for body, param in cases:
         response = httpx.post(url, json={"model": "test-model", **body}, timeout=60)
         assert response.status_code == 400, (body, response.text)
         assert response.json()["error"]["param"] == param, (body, response.text)

@@ -61,6 +61,7 @@ def test_a_burst_beyond_the_budget_completes_with_the_same_greedy_outputs(
             response = await client.completions.create(
                 model=budget_server.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
             )
+            assert response.usage is not None
             return response.choices[0].text, response.usage.completion_tokens
 
         try:

@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -51,7 +52,8 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_api_key_and_cors(guarded: ServerProcess) -> None:
     ok = openai.OpenAI(base_url=guarded.base_url, api_key=KEY, max_retries=0)
-    assert ok.completions.create(model="test-model", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+    usage = ok.completions.create(model="test-model", prompt="hi", max_tokens=2).usage
+    assert usage is not None and usage.completion_tokens >= 1
     bad = openai.OpenAI(base_url=guarded.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model="test-model", prompt="hi", max_tokens=2)
@@ -139,7 +141,7 @@ def test_sigterm_lets_a_running_stream_finish_then_exits_0(tiny_llama_dir: Path,
     url = f"{server.base_url}/completions"
     body = {"model": "test-model", "prompt": "go", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
-    async def run() -> list[dict]:
+    async def run() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(timeout=60) as client, client.stream("POST", url, json=body) as response:
             reader = SSEReader(response)
             chunks = await reader.read(limit=3)

@@ -226,8 +226,9 @@ def test_smollm2_in_int8_scores_text_as_its_int8_model_alone(smollm2_dir: Path, 
                 reply = await client.completions.create(
                     model=server.model, prompt=text, echo=True, logprobs=0, max_tokens=1, temperature=0
                 )
-                assert reply.choices[0].logprobs is not None
-                return [float(x) for x in reply.choices[0].logprobs.token_logprobs[1:-1]]
+                scores = reply.choices[0].logprobs
+                assert scores is not None and scores.token_logprobs is not None
+                return [float(x) for x in scores.token_logprobs[1:-1]]
 
             try:
                 return list(await asyncio.gather(*(score(t) for t in TEXTS)))

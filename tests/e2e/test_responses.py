@@ -138,7 +138,10 @@ def test_a_json_schema_answer_validates(smollm2_server: ServerProcess, stream: b
 @pytest.mark.slow
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 async def test_an_agents_sdk_agent_with_one_tool(smollm2_server: ServerProcess, streamed: bool) -> None:
-    agents = pytest.importorskip("agents")
+    pytest.importorskip("agents")
+    import agents  # typed, unlike importorskip's module
+    from agents.result import RunResultBase
+
     agents.set_tracing_disabled(True)
     cities: list[str] = []
 
@@ -162,10 +165,12 @@ async def test_an_agents_sdk_agent_with_one_tool(smollm2_server: ServerProcess, 
         model=model,
         model_settings=settings,
     )
+    result: RunResultBase
     if streamed:
-        result: Any = agents.Runner.run_streamed(agent, QUESTION, max_turns=4)
-        async for _ in result.stream_events():
+        streaming = agents.Runner.run_streamed(agent, QUESTION, max_turns=4)
+        async for _ in streaming.stream_events():
             pass
+        result = streaming
     else:
         result = await agents.Runner.run(agent, QUESTION, max_turns=4)
     assert cities and all(isinstance(city, str) and city for city in cities)

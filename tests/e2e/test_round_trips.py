@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.e2e.conftest import sync_client
@@ -12,7 +14,8 @@ pytestmark = pytest.mark.e2e
 
 def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: ServerProcess) -> None:
     client = sync_client(tiny_server)
-    messages = [{"role": "user", "content": "Hi"}]
+    # The history as clients hand it back: replies as dumped dicts, later LiteLLM's own shape, not the SDK's params.
+    messages: list[Any] = [{"role": "user", "content": "Hi"}]
     first = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
     messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "And then?"}]
     # The helper parses only replies that stopped (not cut at max_tokens): stop at the first space.
@@ -26,7 +29,8 @@ def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: Serv
     messages += [streamed.choices[0].message.model_dump(), {"role": "user", "content": "Thanks."}]
     third = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
     assert third.choices[0].finish_reason in ("length", "stop")
-    assert third.usage is not None and third.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+    assert first.usage is not None and third.usage is not None
+    assert third.usage.prompt_tokens > first.usage.prompt_tokens
     # LiteLLM hands back its own message shape: nulls for what did not happen, and a key of its own.
     litellm_message = {
         "role": "assistant",
@@ -36,5 +40,5 @@ def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: Serv
         "provider_specific_fields": {"refusal": None},
     }
     messages += [litellm_message, {"role": "user", "content": "Bye."}]
-    fourth = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    fourth = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4)
     assert fourth.usage is not None and fourth.usage.prompt_tokens > third.usage.prompt_tokens

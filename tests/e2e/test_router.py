@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionStreamOptionsParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.server import ServerProcess, free_port, replicas_of, wait_for
@@ -111,42 +112,54 @@ def received(replica: ServerProcess) -> int:
 async def send(client: AsyncOpenAI, n: int) -> str:
     """Request `n` through the router, of kind KINDS[n % 4]; checks the answer's shape; the replica that answered."""
     kind = KINDS[n % len(KINDS)]
-    stream = kind.endswith("stream")
     # Prompts differ from their first word, so that a cache-aware router has no shared prefix to follow.
     text = f"{n} little pigs went to market"
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
     extra = {"ignore_eos": True}  # every answer runs to max_tokens: its length is known
-    usage = {"stream_options": {"include_usage": True}} if stream else {}
-    if kind.startswith("chat"):
-        messages = [{"role": "user", "content": text}]
-        raw = await client.chat.completions.with_raw_response.create(
-            model="test-model", messages=messages, max_tokens=MAX_TOKENS, stream=stream, extra_body=extra, **usage
-        )
-    else:
-        raw = await client.completions.with_raw_response.create(
-            model="test-model", prompt=text, max_tokens=MAX_TOKENS, stream=stream, extra_body=extra, **usage
-        )
-    answer = raw.parse()
-    if not stream:
-        assert answer.object == ("chat.completion" if kind == "chat" else "text_completion")
+    usage: ChatCompletionStreamOptionsParam = {"include_usage": True}
+    chat, completions = client.chat.completions.with_raw_response, client.completions.with_raw_response
+    if kind == "chat":
+        raw_chat = await chat.create(model="test-model", messages=messages, max_tokens=MAX_TOKENS, extra_body=extra)
+        answer = raw_chat.parse()
         [choice] = answer.choices
-        if kind == "chat":
-            assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
-        else:
-            assert isinstance(choice.text, str)
+        assert answer.object == "chat.completion"
+        assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
         assert choice.finish_reason == "length"
         assert answer.usage is not None and answer.usage.completion_tokens == MAX_TOKENS
-    else:
-        chunks = [chunk async for chunk in answer]
+        return str(raw_chat.headers["x-replica-id"])
+    if kind == "completion":
+        raw_text = await completions.create(model="test-model", prompt=text, max_tokens=MAX_TOKENS, extra_body=extra)
+        completion = raw_text.parse()
+        [text_choice] = completion.choices
+        assert completion.object == "text_completion" and isinstance(text_choice.text, str)
+        assert text_choice.finish_reason == "length"
+        assert completion.usage is not None and completion.usage.completion_tokens == MAX_TOKENS
+        return str(raw_text.headers["x-replica-id"])
+    if kind == "chat-stream":
+        raw_chunks = await chat.create(
+            model="test-model",
+            messages=messages,
+            max_tokens=MAX_TOKENS,
+            stream=True,
+            stream_options=usage,
+            extra_body=extra,
+        )
+        chunks = [chunk async for chunk in raw_chunks.parse()]
         with_choices = [chunk for chunk in chunks if chunk.choices]
-        finish = [chunk.choices[0].finish_reason for chunk in with_choices if chunk.choices[0].finish_reason]
-        assert finish == ["length"], kind
-        if kind == "chat-stream":
-            assert with_choices[0].choices[0].delta.role == "assistant"
-            assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
-        else:
-            assert all(chunk.object == "text_completion" for chunk in chunks)
+        assert [c.choices[0].finish_reason for c in with_choices if c.choices[0].finish_reason] == ["length"], kind
+        assert with_choices[0].choices[0].delta.role == "assistant"
+        assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == MAX_TOKENS
-    return str(raw.headers["x-replica-id"])
+        return str(raw_chunks.headers["x-replica-id"])
+    raw_pieces = await completions.create(
+        model="test-model", prompt=text, max_tokens=MAX_TOKENS, stream=True, stream_options=usage, extra_body=extra
+    )
+    pieces = [piece async for piece in raw_pieces.parse()]
+    finish = [p.choices[0].finish_reason for p in pieces if p.choices and p.choices[0].finish_reason]
+    assert finish == ["length"], kind
+    assert all(piece.object == "text_completion" for piece in pieces)
+    assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == MAX_TOKENS
+    return str(raw_pieces.headers["x-replica-id"])
 
 
 async def send_all(base_url: str) -> list[str | BaseException]:

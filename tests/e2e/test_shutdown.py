@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,7 @@ STREAMS = 4
 LONG = {"model": "test-model", "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True}
 
 
-async def open_streams_then(server: ServerProcess, act) -> list[list[str]]:  # type: ignore[no-untyped-def]
+async def open_streams_then(server: ServerProcess, act: Callable[[], Awaitable[None]]) -> list[list[str]]:
     """Opens STREAMS long streams, reads a few events of each, runs `act`, then reads each to its end.
 
     Returns every stream's `data:` payloads.
@@ -60,7 +61,7 @@ def assert_ended_with_error_then_done(events: list[str]) -> None:
     assert not any(finished), "ended with an error, not by finishing"
 
 
-def signal_twice(server: ServerProcess):  # type: ignore[no-untyped-def]
+def signal_twice(server: ServerProcess) -> Callable[[], Awaitable[None]]:
     async def act() -> None:
         server.process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
@@ -69,7 +70,7 @@ def signal_twice(server: ServerProcess):  # type: ignore[no-untyped-def]
     return act
 
 
-def signal_once(server: ServerProcess):  # type: ignore[no-untyped-def]
+def signal_once(server: ServerProcess) -> Callable[[], Awaitable[None]]:
     async def act() -> None:
         server.process.send_signal(signal.SIGTERM)
 
@@ -85,8 +86,8 @@ def test_a_forced_shutdown_ends_every_stream_with_an_error_event_and_exits_non_z
     tiny_llama_dir: Path,
     server_logs: Path,
     shutdown_timeout: str,
-    send_signals,
-    logged: str,  # type: ignore[no-untyped-def]
+    send_signals: Callable[[ServerProcess], Callable[[], Awaitable[None]]],
+    logged: str,
 ) -> None:
     server = start_server(tiny_llama_dir, server_logs, "--shutdown-timeout", shutdown_timeout)
     try:

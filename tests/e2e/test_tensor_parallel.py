@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -55,7 +56,7 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited
 
 
-async def one(client: httpx.AsyncClient, server: ServerProcess, route: str, body: dict) -> str:
+async def one(client: httpx.AsyncClient, server: ServerProcess, route: str, body: dict[str, Any]) -> str:
     url = f"{server.base_url}/{'chat/completions' if route == 'chat' else 'completions'}"
     body = {"model": "test-model", "temperature": 0, "ignore_eos": True, **body}
     if body.get("stream"):
@@ -81,8 +82,8 @@ def answers(server: ServerProcess) -> list[str]:
     return asyncio.run(run())
 
 
-def idle(server: ServerProcess) -> dict:
-    engine: dict = {}
+def idle(server: ServerProcess) -> dict[str, Any]:
+    engine: dict[str, Any] = {}
 
     def check() -> bool:
         engine.update(server.engine_state())
