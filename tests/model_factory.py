@@ -21,7 +21,7 @@ def built_once(build: Callable[Concatenate[Path, P], Path]) -> Callable[Concaten
     builds it and the other, let in after, finds it made (each builder returns an existing `dest` as it is)."""
 
     @functools.wraps(build)
-    def locked(dest: Path, *args: P.args, **kwargs: P.kwargs) -> Path:
+    def locked(dest: Path, /, *args: P.args, **kwargs: P.kwargs) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(dest.with_name(dest.name + ".lock")):
             return build(dest, *args, **kwargs)
@@ -104,7 +104,9 @@ def build_tiny_t5(dest: Path, seed: int = 0) -> Path:
     from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
 
     tokenizer = ByT5Tokenizer()
-    config = T5Config(
+    # tie_word_embeddings, decoder_start_token_id and n_positions reach PretrainedConfig through **kwargs, which
+    # T5Config's typed signature does not list.
+    config = T5Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         d_model=64,
         d_kv=16,
@@ -161,7 +163,8 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     )
 
     tokenizer = AutoTokenizer.from_pretrained(whisper_tiny_en)
-    generation = GenerationConfig.from_pretrained(whisper_tiny_en)
+    # It calls itself multilingual, and has none of tiny.en's alignment heads.
+    generation = GenerationConfig.from_pretrained(whisper_tiny_en, is_multilingual=True, alignment_heads=None)
     config = WhisperConfig(
         vocab_size=len(tokenizer),
         d_model=64,
@@ -181,8 +184,6 @@ def build_tiny_multilingual_whisper(dest: Path, whisper_tiny_en: Path, seed: int
     )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config)
-    generation.is_multilingual = True
-    generation.alignment_heads = None
     model.generation_config = generation
     tmp = dest.with_name(dest.name + ".tmp")
     model.save_pretrained(tmp)

@@ -148,7 +148,7 @@ def settings_under(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> S
             monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return Settings()  # type: ignore[call-arg]  # every field comes from the environment or its default
+    return Settings()  # every field comes from the environment or its default
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -220,7 +220,7 @@ def entrypoint_module() -> Any:
 
 def container_environment(svc: Mapping[str, Any], host: Mapping[str, str]) -> dict[str, str]:
     """What the server process sees: the service's resolved environment after deploy/entrypoint.py's defaults."""
-    return entrypoint_module().server_environment(resolved_environment(svc, host), [])  # type: ignore[no-any-return]
+    return entrypoint_module().server_environment(resolved_environment(svc, host), [])
 
 
 def in_repository(template: Path) -> Path:

@@ -21,6 +21,7 @@ from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import ClientDisconnected
 from transformers_openai.serving.errors import InternalServerError, ServiceUnavailableError
 from transformers_openai.serving.speech import transcription
+from transformers_openai.serving.speech.audio import decode_audio
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
 from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
 from transformers_openai.serving.tokenizer import TokenizerService
@@ -197,7 +198,7 @@ def test_uploads_wait_for_a_decode_slot_and_may_leave_while_waiting(
     serving = handler(parts, engine, decodes=1)
     decoding = 0
     most = 0
-    real = transcription.decode_audio
+    real = decode_audio  # the function transcription calls by this name
 
     def counted(*args: Any, **kwargs: Any) -> np.ndarray:
         nonlocal decoding, most
