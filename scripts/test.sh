@@ -32,7 +32,7 @@ fi
 ruff format --check transformers_openai tests stress-test scripts
 ruff check transformers_openai tests stress-test scripts
 clang-format --dry-run -Werror transformers_openai/runners/kernels/csrc/*.cpp
-mypy transformers_openai
+mypy transformers_openai tests  # one run: strict on the package, the tests under their profile (pyproject.toml)
 # -rs: each skipped test with its reason in the summary; --durations: the slowest tests, where time goes.
 report=(-q -rs --durations=30 -p no:cacheprovider)
 # First everything but the `serial` tests on TEST_WORKERS (2) xdist workers, a module at a time (loadgroup: its
