@@ -318,3 +318,33 @@ def test_batched_prefill_gives_each_prompt_its_own_logits_and_cache(model, reque
         for slot, logits in zip(order, stepped, strict=True):
             full = model(torch.tensor([[*slots[slot], 5]])).logits[0, -1]
             torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+
+
+def test_prompts_alike_only_after_different_cached_prefixes_are_not_taken_as_identical(model, tokenizer, requests):
+    """Two prompts whose first block each comes from the prefix cache, different blocks, then the same new tokens:
+    each is computed over its own prefix (a step that took them as one identical prompt would copy one's K/V into
+    the other)."""
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=512)
+    core = EngineCore(runner, tokenizer, Scheduler(4, 16), frozenset({tokenizer.eos_token_id}))
+    ids = list(requests[1].prompt_token_ids)  # 60 tokens
+    first, second, tail = ids[:16], ids[16:32], ids[32:45]  # one block each, and a tail shorter than a block
+    params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
+    drive(core, [EngineRequest("warm-a", [*first, 5], params), EngineRequest("warm-b", [*second, 5], params)], 1)
+    prompts = {"a": [*first, *tail], "b": [*second, *tail]}
+    before = core.kv.usage().prefix_hits
+    tokens: dict[str, list[int]] = {name: [] for name in prompts}
+    for name, prompt in prompts.items():  # both admitted in one step
+        core.add(EngineRequest(name, prompt, params))
+    while core.has_work():
+        for output in core.step():
+            tokens[output.request_id].extend(output.token_ids)
+    assert core.kv.usage().prefix_hits - before == 2 * 16  # each found its own first block cached
+    for name, prompt in prompts.items():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+        )
+        assert tokens[name] == out[0, len(prompt) :].tolist(), name
