@@ -32,14 +32,15 @@ fi
 ruff format --check transformers_openai tests stress-test scripts
 ruff check transformers_openai tests stress-test scripts
 clang-format --dry-run -Werror transformers_openai/runners/kernels/csrc/*.cpp
-mypy transformers_openai tests  # one run: strict on the package, the tests under their profile (pyproject.toml)
+# One run: strict on the package; the tests and tools under their profile (pyproject.toml).
+mypy transformers_openai tests stress-test/loadtest scripts
 # -rs: each skipped test with its reason in the summary; --durations: the slowest tests, where time goes.
 report=(-q -rs --durations=30 -p no:cacheprovider)
-# First everything but the `serial` tests on TEST_WORKERS (2) xdist workers, a module at a time (loadgroup: its
+# First everything but the `serial` tests on TEST_WORKERS (2) xdist workers, a whole module at a time (loadscope: its
 # servers start once), in the order tests/conftest.py gives (the quick start first, the quick tests last to fill in);
 # then the tests marked `serial`, which assert on wall-clock time, alone. Exit status 5 is pytest's "none selected".
 status=0
-python -m pytest "${report[@]}" -n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder -m "not serial" "$@" \
+python -m pytest "${report[@]}" -n "${TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder -m "not serial" "$@" \
   || status=$?
 serial=0
 python -m pytest "${report[@]}" -m serial "$@" || serial=$?

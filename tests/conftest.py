@@ -25,8 +25,8 @@ from tests.model_factory import (  # noqa: E402
 AUDIO = Path(__file__).resolve().parent / "data" / "audio"
 
 # The order the tests start in (scripts/test.sh runs them on two xdist workers, a module at a time): the quick start
-# first (ten minutes, mostly a pip install and a compile, beside everything else), then the tests that start servers,
-# then the many quick unit and app tests, which fill in at the end.
+# first (minutes of pip install and compile, beside everything else), then the other tests that start servers, then
+# the many quick unit and app tests, which fill in at the end.
 FIRST = ("tests/deploy/test_quick_start.py",)
 EARLY = ("tests/e2e/", "tests/stress/", "tests/deploy/")
 
@@ -38,13 +38,9 @@ def _start_rank(item: pytest.Item) -> int:
     return 1 if path.startswith(EARLY) else 2
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each module is one xdist group (its module and session fixtures, servers above all, start once, on one
-    worker), unless a test names its own group; and the order above (a stable sort: modules stay whole)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The order above, by a stable sort: each module's tests stay together and in their order (xdist's loadscope
+    hands out whole modules, so that a module's fixtures, its servers above all, start once)."""
     items.sort(key=_start_rank)
 
 
