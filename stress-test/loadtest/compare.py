@@ -395,7 +395,9 @@ def bench_generate_speech(args: argparse.Namespace, deadline: float) -> list[Row
         start = time.perf_counter()
         audio, _ = librosa.load(io.BytesIO(clip.data), sr=16000, mono=True)
         long_form = audio.size > 30 * 16000
-        extra = {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
+        extra: dict[str, Any] = (
+            {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
+        )
         inputs = features(audio, sampling_rate=16000, return_tensors="pt", **extra)
         with torch.inference_mode():
             model.generate(inputs.input_features, attention_mask=inputs.get("attention_mask"), return_timestamps=True)

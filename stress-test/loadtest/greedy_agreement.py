@@ -32,7 +32,9 @@ def load(model_dir: Path, variant: str, device: str) -> Any:
     from transformers_openai.packed_linear import pack_linear_layers
 
     dtype_name, weights = variant.split(":")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name)).to(device).eval()
+    # Any: transformers types `PreTrainedModel.to` as its decorated function, which takes no device.
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name))
+    model = model.to(device).eval()
     if weights == "packed" and not pack_linear_layers(model):
         raise SystemExit(f"{variant}: this CPU or torch build cannot pack {dtype_name} weights")
     return model
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer: Any = AutoTokenizer.from_pretrained(args.model)  # apply_chat_template's type depends on its flags
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
+    from transformers_openai.engine.async_engine import AsyncEngine
     from transformers_openai.engine.request import EngineRequest
     from transformers_openai.engine.sampling_params import SamplingParams
     from transformers_openai.model_loader import load_serving_context
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flags["kv_cache_memory"] = args.kv_cache_memory
     settings = Settings(**flags)
     context = load_serving_context(settings)
+    assert isinstance(context.engine, AsyncEngine)
     core = context.engine._core  # driven synchronously here: no engine thread is started
     runner: Any = core.runner
     model, tokenizer = runner.model, AutoTokenizer.from_pretrained(args.model)

@@ -45,13 +45,16 @@ def first_token_ms(core: Any, request: Any) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from transformers_openai.engine.async_engine import AsyncEngine
     from transformers_openai.engine.request import EngineRequest
     from transformers_openai.engine.sampling_params import SamplingParams
     from transformers_openai.model_loader import load_serving_context
     from transformers_openai.settings import Settings
 
     settings = Settings(model=str(args.model), device=args.device, dtype=args.dtype, torch_threads=args.threads)
-    core = load_serving_context(settings).engine._core  # driven synchronously: no engine thread is started
+    engine = load_serving_context(settings).engine
+    assert isinstance(engine, AsyncEngine)
+    core = engine._core  # driven synchronously: no engine thread is started
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
 

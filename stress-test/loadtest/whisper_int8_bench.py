@@ -38,7 +38,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +137,7 @@ def run_server(args: argparse.Namespace, target: str, orders: dict[int, list[str
     clips = {clip.name: clip for clip in args.clips}
     extra = ["--dtype", "float32", "--device", "cpu", "--max-batch-size", "16"]
     extra += ["--quantization", "int8-dynamic"] if target == "server-int8" else []
-    loop_args = SimpleNamespace(endpoint="transcription", request_timeout=args.request_timeout)
+    loop_args = argparse.Namespace(endpoint="transcription", request_timeout=args.request_timeout)
     opts = ServerOptions(args.model, log, args.threads, extra)
     with local_server(opts) as base:
         model = served_model(base, str(args.model))
