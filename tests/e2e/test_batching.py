@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from openai.types import Completion
 
 from tests.e2e import reference
 from tests.e2e.conftest import Served, async_client
@@ -79,16 +80,19 @@ def test_seeded_sample_is_the_same_alone_and_in_a_busy_batch(served: Served) -> 
 
     async def run() -> tuple[str, str]:
         client = async_client(server)
-        kwargs = dict(
-            model=server.model, prompt="Once upon a time", max_tokens=24, temperature=1.0, top_p=0.9, seed=1234
-        )
+
+        async def seeded() -> Completion:
+            return await client.completions.create(
+                model=server.model, prompt="Once upon a time", max_tokens=24, temperature=1.0, top_p=0.9, seed=1234
+            )
+
         try:
-            alone = (await client.completions.create(**kwargs)).choices[0].text
+            alone = (await seeded()).choices[0].text
             noise = [
                 client.completions.create(model=server.model, prompt=p, max_tokens=30, temperature=1.0)
                 for p in PROMPTS[:6]
             ]
-            results = await asyncio.gather(*noise[:3], client.completions.create(**kwargs), *noise[3:])
+            results = await asyncio.gather(*noise[:3], seeded(), *noise[3:])
             return alone, results[3].choices[0].text
         finally:
             await client.close()

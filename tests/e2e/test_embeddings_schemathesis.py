@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -47,6 +48,10 @@ def test_embeddings_answer_matches_its_documented_schema(
     embedding_schema: schemathesis.BaseSchema, embedding_server: ServerProcess, encoding_format: str
 ) -> None:
     operation = embedding_schema["/v1/embeddings"]["POST"]
-    body = {"model": embedding_server.model, "input": ["Hi", "there"], "encoding_format": encoding_format}
+    body: dict[str, Any] = {
+        "model": embedding_server.model,
+        "input": ["Hi", "there"],
+        "encoding_format": encoding_format,
+    }
     response = operation.Case(body=body).call_and_validate(checks=CHECKS, timeout=TIMEOUT_S)
     assert response.status_code == 200 and len(response.json()["data"]) == 2

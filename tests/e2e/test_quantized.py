@@ -118,11 +118,20 @@ async def _burst(server: ServerProcess) -> list[tuple[str, int]]:
     client = async_client(server)
 
     async def one(i: int, prompt: str) -> tuple[str, int]:
-        options = {"model": server.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
         if i % 2:
-            response = await client.completions.create(**options)
+            response = await client.completions.create(
+                model=server.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert response.usage is not None
             return response.choices[0].text, response.usage.completion_tokens
-        stream = await client.completions.create(**options, stream=True, stream_options={"include_usage": True})
+        stream = await client.completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         text, tokens = "", 0
         async for chunk in stream:
             text += "".join(choice.text for choice in chunk.choices)
