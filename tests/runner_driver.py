@@ -80,14 +80,14 @@ class RunnerDriver:
         for slot, held in self.jobs.items():
             if held is job:
                 return slot
-        slot = self.slots.take()
-        if slot is None:
+        free = self.slots.take()
+        if free is None:
             raise MemoryError("every row is held")
         if not self.kv.reserve(job, len(job.decoder_prompt) + 1, running=len(self.jobs)):
-            self.slots.give_back(slot)
+            self.slots.give_back(free)
             raise MemoryError("the K/V pool has no room for this prompt")
-        self.jobs[slot] = job
-        return slot
+        self.jobs[free] = job
+        return free
 
     def _rows(self, last_tokens: Mapping[int, int]) -> list[DecodeRow]:
         return [DecodeRow(slot, self.jobs[slot].table, token) for slot, token in last_tokens.items()]

@@ -37,7 +37,7 @@ def test_the_keyword_follows_the_forward_signature() -> None:
     assert cache_keyword(NewerForward()) == "cache"
 
 
-def cache_warnings(runner, tokenizer, requests: list[EngineRequest]) -> list[str]:  # type: ignore[no-untyped-def]
+def cache_warnings(runner, tokenizer, requests: list[EngineRequest]) -> list[str]:
     """Runs the requests to the end; returns the warnings that name the cache keyword."""
     core = EngineCore(runner, tokenizer, Scheduler(2, 64), frozenset())
     with warnings.catch_warnings(record=True) as caught:

@@ -9,9 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.request import EngineRequest, FinishReason
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.stats import StepStats
 from transformers_openai.runners.causal_lm import CausalLMRunner
 
 torch.set_num_threads(1)
@@ -173,7 +174,7 @@ def test_prompt_logprobs_equal_the_models_log_softmax(model, tokenizer, requests
         ),
         EngineRequest("no-tokens", requests[7].prompt_token_ids, SamplingParams(max_tokens=0, prompt_logprobs=0)),
     ]
-    outputs: dict[str, list] = {}
+    outputs: dict[str, list[RequestOutput]] = {}
     for req in [requests[3], *scored, requests[5]]:
         core.add(req)
     while core.has_work():
@@ -207,9 +208,9 @@ def test_each_step_reports_where_its_time_went(model, tokenizer, requests) -> No
 
     class Recorder(NullObserver):
         def __init__(self) -> None:
-            self.steps: list = []
+            self.steps: list[StepStats] = []
 
-        def on_step(self, stats) -> None:  # type: ignore[no-untyped-def]
+        def on_step(self, stats) -> None:
             self.steps.append(stats)
 
     recorder = Recorder()
@@ -235,11 +236,11 @@ def test_each_step_reports_where_its_time_went(model, tokenizer, requests) -> No
 class ForwardCounter:
     """Counts the model's forward calls and the rows each one ran over."""
 
-    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model) -> None:
         self.batches: list[tuple[int, int]] = []  # (rows, columns) of each forward
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
-    def _record(self, module, args, kwargs) -> None:  # type: ignore[no-untyped-def]
+    def _record(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids")
         self.batches.append(tuple(ids.shape))
 

@@ -117,7 +117,7 @@ def healthy_requests(prompt_ids: list[int]) -> list[EngineRequest]:
 
 def make_core(model, decoder, fail_in: str = "none") -> tuple[EngineCore, FaultyRunner]:
     runner = FaultyRunner(CausalLMRunner(model, max_rows=4, max_model_len=256), fail_in)
-    core = EngineCore(runner, decoder, Scheduler(max_running=4, max_waiting=8), frozenset({0}))  # type: ignore[arg-type]
+    core = EngineCore(runner, decoder, Scheduler(max_running=4, max_waiting=8), frozenset({0}))
     return core, runner
 
 

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from transformers_openai.engine.core import EngineCore
+from transformers_openai.engine.kv_manager import KVUsage
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
@@ -31,12 +32,12 @@ LENGTHS = [1, 30, 7, 33, 13, 25, 20, 3, 17]  # prompts of one to three blocks of
 
 
 @pytest.fixture(scope="module")
-def model(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def model(tiny_llama_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def tokenizer(tiny_llama_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
@@ -46,7 +47,7 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference(model, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def reference(model, prompts) -> list[list[int]]:
     out = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
@@ -61,7 +62,7 @@ def reference(model, prompts) -> list[list[int]]:  # type: ignore[no-untyped-def
     return out
 
 
-def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2, usage=None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def drive(runner: CausalLMRunner, tokenizer, prompts: list[list[int]], every: int = 2, usage=None) -> list[list[int]]:
     """Adds a request every `every` steps to an engine over `runner`; each request's greedy tokens (`usage`, a list,
     receives the K/V manager's usage at the end)."""
     core = EngineCore(runner, tokenizer, Scheduler(max_running=runner.spec.max_rows, max_waiting=32), frozenset())
@@ -97,7 +98,7 @@ class KernelCalls(TorchDispatchMode):
 
     count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.name() == "transformers_openai::paged_decode_attention":
             self.count += 1
         return func(*args, **(kwargs or {}))
@@ -108,7 +109,7 @@ class KernelCalls(TorchDispatchMode):
 @pytest.mark.parametrize("every", [1, 3])
 def test_fixed_steps_under_batching_match_generate(
     model, tokenizer, prompts, reference, buckets, every, reading, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """Decode attention gathering the rows' K/V for sdpa, or reading them in place (the CPU's kernel)."""
     runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
     assert runner.fix_steps(graphs=False, buckets=buckets)
@@ -120,10 +121,10 @@ def test_fixed_steps_under_batching_match_generate(
             pytest.skip("the kernel is built with a C++ compiler")
         assert fixed.read_in_place(tmp_path)
 
-    def counting(name: str):  # type: ignore[no-untyped-def]
+    def counting(name: str):
         method = getattr(fixed, name)
 
-        def counted(*args):  # type: ignore[no-untyped-def]
+        def counted(*args):
             out = method(*args)
             taken[name] += out is not None
             return out
@@ -165,7 +166,7 @@ def test_a_step_too_wide_for_the_buckets_runs_grouped(model, tokenizer, prompts,
     grouped = 0
     forward = runner.executor.forward
 
-    def counted(rows, keep):  # type: ignore[no-untyped-def]
+    def counted(rows, keep):
         nonlocal grouped
         grouped += all(len(tokens) == 1 for _, tokens in rows)
         return forward(rows, keep)
@@ -181,7 +182,7 @@ def test_a_cached_prefix_is_followed_by_a_fixed_prefill_of_the_rest(model, token
     assert runner.fix_steps(graphs=False, buckets=True)
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     twice = [prompts[longest], prompts[longest]]
-    usage: list = []
+    usage: list[KVUsage] = []
     assert drive(runner, tokenizer, twice, every=NEW_TOKENS + 2, usage=usage) == [reference[longest]] * 2
     assert usage[0].prefix_hits >= 16
 
@@ -199,7 +200,7 @@ def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:
 @pytest.mark.parametrize("weights", ["plain", "packed"])
 def test_compiled_decode_under_batching_matches_generate(
     tiny_llama_dir, tokenizer, prompts, weights, tmp_path, caplog
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The CPU server's decode step: compiled at a first start and kept on disk, then loaded by the next start with
     nothing compiled; either way its two graphs (one row; two rows or more) run every decode step, whatever the
     batch size and width as rows join and leave, and prompts keep the grouped eager prefill. Packed (oneDNN) weights
@@ -228,7 +229,7 @@ def test_compiled_decode_under_batching_matches_generate(
         for name in ("decode", "prefill"):
             method = getattr(fixed, name)
 
-            def counted(*args, name=name, method=method, taken=taken):  # type: ignore[no-untyped-def]
+            def counted(*args, name=name, method=method, taken=taken):
                 out = method(*args)
                 taken[name] += out is not None
                 return out
@@ -236,7 +237,7 @@ def test_compiled_decode_under_batching_matches_generate(
             setattr(fixed, name, counted)
         for rows, step in list(fixed._compiled.items()):
 
-            def compiled(*args, step=step, taken=taken):  # type: ignore[no-untyped-def]
+            def compiled(*args, step=step, taken=taken):
                 taken["compiled"] += 1
                 return step(*args)
 

@@ -4,6 +4,7 @@ tokens (row and K/V memory given back), stays paused while unread, and resumes w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ async def test_a_paused_request_is_aborted_cleanly(parts: tuple[Any, Any]) -> No
         stream = engine.generate(request("gone"))
         await anext(stream)
         await settle(engine, lambda s: s.paused == 1)
+        assert isinstance(stream, AsyncGenerator)
         await stream.aclose()  # the client leaves while paused
         await settle(engine, lambda s: s.paused == s.in_flight == s.running == s.waiting == 0)
         assert engine.stats().kv_blocks_used == 0

@@ -83,7 +83,7 @@ def test_an_encoder_decoder_prompt_is_recorded_with_its_start_token() -> None:
 
 def test_growth_is_all_or_nothing() -> None:
     kv = manager(3)
-    rows = []
+    rows: list[PrefillJob] = []
     for prompt in ([1, 2, 3, 4], [5, 6, 7, 8]):  # each fills its block: its next token needs a new one
         job = PrefillJob(prompt)
         assert kv.reserve(job, len(prompt), running=len(rows))

@@ -18,6 +18,7 @@ from transformers_openai.parallel.ranks import Ranks
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVSpace
+from transformers_openai.serving.tokenizer import engine_decoder
 
 torch.set_num_threads(1)
 
@@ -25,15 +26,17 @@ torch.set_num_threads(1)
 class Channel(Ranks):
     """Rank 0's messages kept in order; the follower reads them back from the same list."""
 
+    messages: list[object]
+
     def __init__(self) -> None:
         super().__init__(rank=0, size=2, control=None)
         object.__setattr__(self, "messages", [])
 
     def send(self, message: object) -> None:
-        self.messages.append(message)  # type: ignore[attr-defined]
+        self.messages.append(message)
 
     def receive(self) -> object:
-        return self.messages.pop(0)  # type: ignore[attr-defined]
+        return self.messages.pop(0)
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +44,20 @@ def model(tiny_llama_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
-def zeroed_runner(model) -> CausalLMRunner:  # type: ignore[no-untyped-def]
+def zeroed_runner(model) -> CausalLMRunner:
     runner = CausalLMRunner(model, max_rows=4, max_model_len=256, kv=KVSpace(bytes=2**20, block_size=4))
     for pool in (*runner._pool.cache._k, *runner._pool.cache._v):
         pool.zero_()  # an `empty` pool: unwritten slots hold whatever was there
     return runner
 
 
-def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     leader, follower = zeroed_runner(model), zeroed_runner(model)
     channel = Channel()
     leader.executor = LockstepExecutor(leader.executor, channel)
     scheduler = Scheduler(max_running=4, max_waiting=16, max_prefill_tokens=24)  # longer prompts go in chunks
-    core = EngineCore(leader, tokenizer, scheduler, frozenset())
+    core = EngineCore(leader, engine_decoder(tokenizer), scheduler, frozenset())
     ids = tokenizer("a follower holds no rows, only its shard of the pool " * 4, add_special_tokens=False).input_ids
     params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0)
     prompts = [ids[:5], ids[:5], ids[:40], ids[:9], ids[:17], ids[:3]]  # the first two identical: one is copied
@@ -80,11 +83,11 @@ def test_a_follower_replaying_rank_0_holds_the_same_pool(model, tiny_llama_dir: 
     assert core.slots.in_use == 0 and core.kv.usage().blocks_used == 0
 
 
-def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:  # type: ignore[no-untyped-def]
+def test_a_call_that_fails_on_a_follower_ends_it(model) -> None:
     """Rank 0 would wait for it in the step's collectives: the follower raises (and exits) rather than going on."""
     follower = zeroed_runner(model)
     channel = Channel()
-    channel.messages.extend([CopySlots([4], [8]), Forward([([10**9], 0, [1, 2])], keep=1), Stop()])  # type: ignore[attr-defined]
+    channel.messages.extend([CopySlots([4], [8]), Forward([([10**9], 0, [1, 2])], keep=1), Stop()])
     with pytest.raises(IndexError):
         follow(follower.executor, channel)
     assert channel.messages == [Stop()]  # it did not go on to the next call
@@ -96,12 +99,12 @@ class OutOfStep(Exception):
     pass
 
 
-def test_a_step_that_fails_on_rank_0_after_it_was_sent_ends_rank_0(model) -> None:  # type: ignore[no-untyped-def]
+def test_a_step_that_fails_on_rank_0_after_it_was_sent_ends_rank_0(model) -> None:
     leader = zeroed_runner(model)
     channel = Channel()
     failures: list[BaseException] = []
 
-    def out_of_step(error: BaseException):  # type: ignore[no-untyped-def]
+    def out_of_step(error: BaseException):
         failures.append(error)
         raise OutOfStep  # the real one exits the process
 

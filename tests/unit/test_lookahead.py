@@ -24,16 +24,16 @@ MAX_TOKENS = [9, 14, 5, 12, 7, 10]  # rows finish at different steps
 
 
 @pytest.fixture(scope="module")
-def model(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def model(tiny_llama_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def tokenizer(tiny_llama_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def generate(model, prompt: list[int], new_tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
+def generate(model, prompt: list[int], new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
     out = model.generate(
         ids,
@@ -45,14 +45,14 @@ def generate(model, prompt: list[int], new_tokens: int) -> list[int]:  # type: i
     return out[0, len(prompt) :].tolist()
 
 
-def make_core(model, tokenizer, lookahead: bool, fixed: bool = True, stop_ids=frozenset(), rows: int = 4):  # type: ignore[no-untyped-def]
+def make_core(model, tokenizer, lookahead: bool, fixed: bool = True, stop_ids=frozenset(), rows: int = 4):
     runner = CausalLMRunner(model, max_rows=rows, max_model_len=128)
     if fixed:  # padded to buckets, as CUDA graphs run them
         assert runner.fix_steps(graphs=False, buckets=True)
     return EngineCore(runner, tokenizer, Scheduler(rows, 32), stop_ids, lookahead=lookahead)
 
 
-def drive(core: EngineCore, requests: list[EngineRequest], every: int = 2, abort: tuple[str, int] | None = None):  # type: ignore[no-untyped-def]
+def drive(core: EngineCore, requests: list[EngineRequest], every: int = 2, abort: tuple[str, int] | None = None):
     """Adds a request every `every` steps (aborting `abort[0]` after step `abort[1]`); each request's outputs."""
     outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in requests}
     pending = list(requests)
@@ -75,7 +75,7 @@ def tokens(outputs: list[RequestOutput]) -> list[int]:
     return [t for output in outputs for t in output.token_ids]
 
 
-def greedy(max_tokens: int, **more) -> SamplingParams:  # type: ignore[no-untyped-def]
+def greedy(max_tokens: int, **more) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **more)
 
 
@@ -110,7 +110,7 @@ def test_the_next_decode_is_launched_before_the_last_tokens_are_recorded(model, 
     # One request of 6 tokens: the first comes from its prefill, each other from a decode step. Launched ahead, the
     # decode after the last token is launched before that token is recorded as the last: its row is dropped.
     core = make_core(model, tokenizer, lookahead)
-    counted = CountingDecodes(core.runner)  # type: ignore[arg-type]
+    counted = CountingDecodes(core.runner)
     outputs = drive(core, [EngineRequest("r", PROMPTS[0], greedy(6))])
     assert tokens(outputs["r"]) == generate(model, PROMPTS[0], 6)
     assert counted.steps == (6 if lookahead else 5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.packed_linear import PackedLinear, can_pack, fuse_activations, pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.serving.tokenizer import engine_decoder
 
 torch.set_num_threads(1)
 
@@ -93,7 +95,7 @@ def test_batched_greedy_on_a_packed_model_equals_its_generate_alone(plain_and_pa
     _, packed = plain_and_packed
     runner = CausalLMRunner(packed, max_rows=4, max_model_len=256)
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    core = EngineCore(runner, tokenizer, Scheduler(max_running=4, max_waiting=8), frozenset())
+    core = EngineCore(runner, engine_decoder(tokenizer), Scheduler(max_running=4, max_waiting=8), frozenset())
     prompts = [[5 + i for i in range(n)] for n in (3, 19, 8, 30, 12, 1)]
     params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0)
     for i, prompt in enumerate(prompts):
@@ -110,7 +112,10 @@ def test_batched_greedy_on_a_packed_model_equals_its_generate_alone(plain_and_pa
         assert tokens[f"r{i}"] == expected, i
 
 
-def _packed_copy(model: torch.nn.Module) -> torch.nn.Module:
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def _packed_copy(model: M) -> M:
     packed = copy.deepcopy(model)
     assert pack_linear_layers(packed) > 0
     return packed

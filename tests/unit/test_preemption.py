@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 
 from tests.model_factory import build_tiny_t5, cache_root
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.request import EngineRequest, FinishReason
+from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import NullObserver, StepStats
@@ -38,7 +38,7 @@ class Steps(NullObserver):
         return sum(s.preemptions for s in self.stats)
 
 
-def space(model, blocks: int, rows_reserved: int = 0, reserved_len: int = 0) -> KVSpace:  # type: ignore[no-untyped-def]
+def space(model, blocks: int, rows_reserved: int = 0, reserved_len: int = 0) -> KVSpace:
     """A budget of `blocks` blocks of self-attention K/V and the cross-attention rows an encoder-decoder sets aside."""
     per_token = self_attention_geometry(model).bytes_per_token
     return KVSpace(bytes=(blocks + 1) * BLOCK * per_token + rows_reserved * reserved_len * per_token, block_size=BLOCK)
@@ -65,16 +65,16 @@ def greedy(new_tokens: int = NEW_TOKENS) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def llama(tiny_llama_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def llama_tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def llama_tokenizer(tiny_llama_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def llama_reference(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:  # type: ignore[no-untyped-def]
+def llama_reference(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
     ids = torch.tensor([prompt])
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
@@ -157,7 +157,7 @@ def test_t5_rows_preempted_for_room_resume_with_the_same_greedy_tokens(llama_tok
 # ------------------------------------------------------------------------------------------------- Whisper
 
 
-def tiny_whisper():  # type: ignore[no-untyped-def]
+def tiny_whisper():
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
     config = WhisperConfig(
@@ -185,7 +185,7 @@ def tiny_whisper():  # type: ignore[no-untyped-def]
 
 
 @torch.inference_mode()
-def whisper_reference(model, features: torch.Tensor, prefix: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+def whisper_reference(model, features: torch.Tensor, prefix: list[int]) -> list[int]:
     tokens = list(prefix)
     for _ in range(NEW_TOKENS):
         logits = model(input_features=features[None], decoder_input_ids=torch.tensor([tokens])).logits[0, -1]
@@ -225,7 +225,7 @@ def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama
     prompt = list(range(40, 67))  # 27 tokens (and one more): 7 blocks, all the pool leaves; 2 prefilled a step
     scored = EngineRequest("scored", prompt, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0))
     core.add(scored)
-    outputs: dict[str, list] = {"running": [], "scored": []}
+    outputs: dict[str, list[RequestOutput]] = {"running": [], "scored": []}
     while core.has_work():
         for output in core.step():
             assert output.error is None, output.error
@@ -236,6 +236,7 @@ def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama
     with torch.inference_mode():
         expected = llama(torch.tensor([prompt])).logits[0].log_softmax(-1)
     for position, entry in enumerate(got[1:], start=1):
+        assert entry is not None
         assert entry.token_id == prompt[position]
         assert entry.logprob == pytest.approx(float(expected[position - 1, prompt[position]]), abs=1e-4)
     assert sum(o.completion_tokens for o in outputs["scored"][-1:]) == 2

@@ -75,9 +75,9 @@ def test_a_probe_over_one_row_gives_that_row_s_logits(runners) -> None:
 
     step = runner.runner._step
 
-    def spying_step(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def spying_step(*args, **kwargs):
         return capture(step(*args, **kwargs))
 
-    runner.runner._step = spying_step  # type: ignore[method-assign]
+    runner.runner._step = spying_step
     runner.probe({slots[2]: 33})
     torch.testing.assert_close(seen["logits"][0], batch_logits[order.index(slots[2])], rtol=1e-5, atol=1e-5)

@@ -17,6 +17,7 @@ from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.serving.text.structured_output import StructuredOutputs
+from transformers_openai.serving.tokenizer import engine_decoder
 
 torch.set_num_threads(1)
 
@@ -39,7 +40,7 @@ def test_constrained_rows_validate_and_free_rows_match_their_solo_run(tiny_llama
     eos = frozenset({tokenizer.eos_token_id})
 
     def core() -> EngineCore:
-        return EngineCore(CausalLMRunner(model, 8, 1024), tokenizer, Scheduler(8, 32), eos)
+        return EngineCore(CausalLMRunner(model, 8, 1024), engine_decoder(tokenizer), Scheduler(8, 32), eos)
 
     prompt = tokenizer("Answer in JSON, please.").input_ids
     free_params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -55,7 +56,7 @@ def test_constrained_rows_validate_and_free_rows_match_their_solo_run(tiny_llama
         tokens, reason = results[f"json{i}"]
         assert reason is FinishReason.STOP
         text = tokenizer.decode([t for t in tokens if t not in eos])
-        jsonschema.validate(json.loads(text), schema)
+        jsonschema.validate(json.loads(str(text)), schema)
     for request in free:
         assert results[request.request_id] == solo[request.request_id]
 
@@ -88,7 +89,7 @@ def test_a_grammar_failing_mid_answer_ends_its_request_alone(tiny_llama_dir: Pat
     eos = frozenset({tokenizer.eos_token_id})
 
     def core() -> EngineCore:
-        return EngineCore(CausalLMRunner(model, 8, 1024), tokenizer, Scheduler(8, 32), eos)
+        return EngineCore(CausalLMRunner(model, 8, 1024), engine_decoder(tokenizer), Scheduler(8, 32), eos)
 
     prompt = tokenizer("Answer in JSON, please.").input_ids
     free_params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -117,6 +118,6 @@ def test_a_grammar_failing_mid_answer_ends_its_request_alone(tiny_llama_dir: Pat
         assert output.error is not None and needle in output.error
     assert len(tokens["gives-up"]) == 4  # the token it refused is not sent
     assert last["valid"].finish_reason is FinishReason.STOP
-    jsonschema.validate(json.loads(tokenizer.decode([t for t in tokens["valid"] if t not in eos])), SCHEMAS[0])
+    jsonschema.validate(json.loads(str(tokenizer.decode([t for t in tokens["valid"] if t not in eos]))), SCHEMAS[0])
     for request in free:
         assert (tokens[request.request_id], last[request.request_id].finish_reason) == solo[request.request_id]

@@ -90,7 +90,7 @@ def test_windows_joining_at_different_steps_each_get_their_own_logits(
     calls = []
     kernel = paged_decode_kernel.cross_attention
 
-    def counted(*args):  # type: ignore[no-untyped-def]
+    def counted(*args):
         calls.append(args[0].shape[0])
         return kernel(*args)
 
@@ -266,6 +266,7 @@ def test_a_kept_window_serves_its_own_transcription_only_and_is_dropped_when_it_
         assert sorted(runner.kept_windows()) == [("a", 1), ("b", 0)]  # A's first window is done with
     finally:
         hook.remove()
+    assert first is not None and second is not None
     torch.testing.assert_close(first[1], reference(model, audio_a, prefix, [])[0], rtol=0, atol=1e-4)
     torch.testing.assert_close(second[1], reference(model, audio_b, prefix, [])[0], rtol=0, atol=1e-4)
     runner.release_windows("a")
