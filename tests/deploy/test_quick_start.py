@@ -71,7 +71,9 @@ def new_user_environment() -> dict[str, str]:
 def serve_script(repo: Path, port: int, log: Path, timeout_s: float) -> Iterator[ServerProcess]:
     """Runs the repository's serve script as a new user would until /health answers (`startup_s`: how long that
     took); stops it and everything it started on the way out."""
-    command = ["bash", "scripts/serve-smollm2.sh", "--port", str(port)]
+    # A K/V pool of a fixed size: by default it is a share of the memory available at start, which the tests running
+    # beside this one move, and a pool of another size fails the stored step's guards, so a restart would compile anew.
+    command = ["bash", "scripts/serve-smollm2.sh", "--port", str(port), "--kv-cache-memory", "1GiB"]
     with spawn(command, port, log, env=new_user_environment(), cwd=repo, timeout_s=timeout_s) as server:
         yield server
 
