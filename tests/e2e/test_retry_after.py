@@ -1,5 +1,6 @@
 """A 429's Retry-After is the time until room comes free, within 2x: when four rows leave together, and after the
-server has been idle for a minute (the estimate follows the rows, not how long ago others left)."""
+server has been idle for a while (the estimate follows the rows, not how long ago others left). Serial: a wait
+within 2x of an estimate needs a machine whose speed holds still, not one shared with a parallel test run."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
 
 ROWS = 4
 MAX_TOKENS = 900
-IDLE_S = 60
+IDLE_S = 20  # many times the wait (a few seconds): an estimate that grew with the idle time would be off by far more
 
 
 @pytest.fixture(scope="module")
