@@ -1,6 +1,6 @@
 """Failover behind the real HAProxy with deploy/haproxy.cfg as it is (only its addresses and check intervals set
-through the environment): two replicas of the tiny model, 20 streaming clients for 30 s, one replica signalled
-halfway. SIGTERM: no client sees an error, the drained replica exits 0 and takes no new request. SIGKILL: only the
+through the environment): two replicas of the tiny model, 20 streaming clients for 16 s, one replica signalled
+after 6. SIGTERM: no client sees an error, the drained replica exits 0 and takes no new request. SIGKILL: only the
 streams running on it fail. With hashing on, one X-Session-ID stays on one replica."""
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ pytestmark = [
 CONFIG = REPO / "deploy" / "haproxy.cfg"
 NAMES = ("replica1", "replica2")  # the config's server names; each replica reports the same as X-Replica-Id
 CLIENTS = 20
-LOAD_S = 30.0
-SIGNAL_AT_S = 10.0
+# Hundreds of streams before the signal and 10 s of load after it: with the config's default checks (every 2 s, then
+# 500 ms, two failures) HAProxy takes a draining replica out within about 3 s of its signal.
+LOAD_S = 16.0
+SIGNAL_AT_S = 6.0
 BODY = {"model": "test-model", "prompt": "go", "max_tokens": 24, "ignore_eos": True, "stream": True}
 # Faster checks than the config's defaults (2s, 500ms, 5s), so a killed replica is out within a second (fall 2: two
 # failed checks). The SIGTERM test keeps the defaults: the draining replica then refuses requests with 503 for half a
