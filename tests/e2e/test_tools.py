@@ -4,6 +4,7 @@ forced calls always carry valid arguments, streamed and not, and a whole round t
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -65,30 +66,39 @@ def assert_valid_calls(calls: list[Any], allowed: set[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_required_and_named_choices_return_valid_calls(smollm2_server: ServerProcess, stream: bool) -> None:
+    """Each question with `required` and with a named function, all six at once (they share the batch)."""
     client = sync_client(smollm2_server)
     named = {"type": "function", "function": {"name": "order_food"}}
-    for question in QUESTIONS:
-        for choice, allowed in (("required", set(SCHEMAS)), (named, {"order_food"})):
-            request: dict[str, Any] = {
-                "model": "test-model",
-                "messages": [{"role": "user", "content": question}],
-                "tools": TOOLS,
-                "tool_choice": choice,
-                "max_tokens": 300,
-                "temperature": 0,
-            }
-            if stream:
-                with client.chat.completions.stream(**request) as events:
-                    for _ in events:
-                        pass
-                    completion = events.get_final_completion()
-            else:
-                completion = client.chat.completions.create(**request)
-            result = completion.choices[0]
-            assert result.finish_reason == "tool_calls", result
-            assert_valid_calls(result.message.tool_calls or [], allowed)
-            if choice is named:
-                assert len(result.message.tool_calls or []) == 1
+    cases = [
+        (q, choice, allowed)
+        for q in QUESTIONS
+        for choice, allowed in (("required", set(SCHEMAS)), (named, {"order_food"}))
+    ]
+
+    def ask(question: str, choice: Any) -> Any:
+        request: dict[str, Any] = {
+            "model": "test-model",
+            "messages": [{"role": "user", "content": question}],
+            "tools": TOOLS,
+            "tool_choice": choice,
+            "max_tokens": 300,
+            "temperature": 0,
+        }
+        if stream:
+            with client.chat.completions.stream(**request) as events:
+                for _ in events:
+                    pass
+                return events.get_final_completion()
+        return client.chat.completions.create(**request)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        completions = list(pool.map(ask, [q for q, _, _ in cases], [choice for _, choice, _ in cases]))
+    for (question, choice, allowed), completion in zip(cases, completions, strict=True):
+        result = completion.choices[0]
+        assert result.finish_reason == "tool_calls", (question, result)
+        assert_valid_calls(result.message.tool_calls or [], allowed)
+        if choice is named:
+            assert len(result.message.tool_calls or []) == 1
     assert smollm2_server.engine_state()["rows_in_use"] == 0
 
 
