@@ -38,12 +38,13 @@ mypy transformers_openai tests stress-test/loadtest scripts
 report=(-q -rs --durations=30 -p no:cacheprovider)
 # First everything but the `serial` tests on TEST_WORKERS (2) xdist workers, a whole module at a time (loadscope: its
 # servers start once), in the order tests/conftest.py gives (the quick start first, the quick tests last to fill in);
-# then the tests marked `serial`, which assert on wall-clock time, alone. Exit status 5 is pytest's "none selected".
+# then the tests marked `serial`, which assert on wall-clock time, alone (TEST_PHASE: tests/conftest.py picks them,
+# so that a -m of your own still applies). Exit status 5 is pytest's "none selected".
 status=0
-python -m pytest "${report[@]}" -n "${TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder -m "not serial" "$@" \
-  || status=$?
+TEST_PHASE=parallel python -m pytest "${report[@]}" -n "${TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder \
+  "$@" || status=$?
 serial=0
-python -m pytest "${report[@]}" -m serial "$@" || serial=$?
+TEST_PHASE=serial python -m pytest "${report[@]}" "$@" || serial=$?
 if [ "$status" = 5 ] && [ "$serial" != 5 ]; then status=0; fi
 if [ "$serial" != 0 ] && [ "$serial" != 5 ] && [ "$status" = 0 ]; then status=$serial; fi
 exit "$status"

@@ -38,10 +38,20 @@ def _start_rank(item: pytest.Item) -> int:
     return 1 if path.startswith(EARLY) else 2
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order above, by a stable sort: each module's tests stay together and in their order (xdist's loadscope
-    hands out whole modules, so that a module's fixtures, its servers above all, start once)."""
+    hands out whole modules, so that a module's fixtures, its servers above all, start once). With TEST_PHASE set
+    (scripts/test.sh), only the tests of that phase: `parallel` all but those marked serial, `serial` those; a `-m`
+    or `-k` given to the test command narrows both."""
     items.sort(key=_start_rank)
+    phase = os.environ.get("TEST_PHASE")
+    if phase not in ("parallel", "serial"):
+        return
+    keep = [item for item in items if (item.get_closest_marker("serial") is not None) == (phase == "serial")]
+    if len(keep) < len(items):
+        kept = {id(item) for item in keep}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
