@@ -39,10 +39,14 @@ def _start_rank(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The order above, by a stable sort: each module's tests stay together and in their order (xdist's loadscope
-    hands out whole modules, so that a module's fixtures, its servers above all, start once). With TEST_PHASE set
-    (scripts/test.sh), only the tests of that phase: `parallel` all but those marked serial, `serial` those; a `-m`
-    or `-k` given to the test command narrows both."""
+    """Every test under tests/e2e/ is marked `e2e` (it starts the real server), by its folder. Then the order above,
+    by a stable sort: each module's tests stay together and in their order (xdist's loadscope hands out whole
+    modules, so that a module's fixtures, its servers above all, start once). With TEST_PHASE set (scripts/test.sh),
+    only the tests of that phase: `parallel` all but those marked serial, `serial` those; a `-m` or `-k` given to the
+    test command narrows both."""
+    for item in items:
+        if item.nodeid.startswith("tests/e2e/"):
+            item.add_marker(pytest.mark.e2e)
     items.sort(key=_start_rank)
     phase = os.environ.get("TEST_PHASE")
     if phase not in ("parallel", "serial"):

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 from tests.e2e.conftest import sync_client
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = pytest.mark.e2e
-
 WORDS = [
     "the",
     "quick",

@@ -16,8 +16,6 @@ from tests.e2e.fuzz_schema import pin_model
 from tests.e2e.server import ServerProcess, start_server
 from tests.e2e.test_schemathesis import CHECKS, TIMEOUT_S, fuzz
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def embedding_server(tiny_bert_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:

@@ -28,7 +28,6 @@ from tests.e2e.server import REPO, ServerProcess, free_port, replicas_of, wait_f
 
 HAPROXY = shutil.which("haproxy") or (shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin"))
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (scripts/test.sh installs Debian's package)"),
 ]
 

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e import reference
 from tests.e2e.conftest import async_client
 from tests.e2e.server import ServerProcess
-
-pytestmark = pytest.mark.e2e
 
 PROMPTS = ["Name a color.", "What is the capital of France?", "1, 2, 3, 4,"]
 MAX_TOKENS = 24

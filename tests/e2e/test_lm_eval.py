@@ -19,7 +19,6 @@ from lm_eval.tasks import TaskManager
 
 from tests.e2e.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "lm_eval_tasks"
 CHOICE, PERPLEXITY = "toa_general_knowledge", "toa_prose_perplexity"
 # Rolling windows of 32 tokens. `hf` uses max_length as the window; the API models keep one token back for the

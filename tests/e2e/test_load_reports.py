@@ -15,8 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.server import ServerProcess, start_server, wait_for
 
-pytestmark = pytest.mark.e2e
-
 LONG = {"model": "test-model", "prompt": "go", "max_tokens": 400, "ignore_eos": True}
 LOAD = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 

@@ -14,7 +14,6 @@ from tests.e2e.conftest import sync_client
 from tests.e2e.reference import load
 from tests.e2e.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
 PROMPT = "The quick brown fox jumps over the lazy dog because it is"
 
 

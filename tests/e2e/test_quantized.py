@@ -19,8 +19,6 @@ from tests.e2e.conftest import async_client
 from tests.e2e.server import ServerProcess, start_server
 from tests.quantized_models import build_compressed_tensors, build_gptq, build_torchao, with_quantization_config
 
-pytestmark = pytest.mark.e2e
-
 # As in test_kv_budget.py: 200 KiB hold 24 blocks of 16 tokens of the tiny Llama, fewer than 8 rows of 72 tokens need.
 BUDGET = ["--max-batch-size", "8", "--kv-cache-memory", "200KiB"]
 PROMPTS = [

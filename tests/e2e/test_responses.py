@@ -15,7 +15,6 @@ from pydantic import TypeAdapter
 from tests.e2e.conftest import async_client, sync_client
 from tests.e2e.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
 WEATHER_ARGS = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},

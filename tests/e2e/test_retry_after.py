@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ROWS = 4
 MAX_TOKENS = 900

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.e2e.conftest import sync_client
 from tests.e2e.server import ServerProcess
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_reply_and_a_streamed_reply_go_back_into_the_history(tiny_server: ServerProcess) -> None:

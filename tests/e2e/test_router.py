@@ -25,7 +25,6 @@ from tests.e2e.server import ServerProcess, free_port, replicas_of, wait_for
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.skipif(
         ROUTER is None, reason="vllm-router is not installed (scripts/env.sh installs it pinned with EXTRAS=test)"
     ),

@@ -16,8 +16,6 @@ import pytest
 from tests.e2e.server import ServerProcess, start_server, wait_for
 from tests.model_factory import build_tiny_llama, cache_root
 
-pytestmark = pytest.mark.e2e
-
 ROWS = 4
 MAX_TOKENS = 1500
 # Output the engine made that never reached the client's connection, at most.

@@ -32,8 +32,6 @@ from schemathesis.core.result import Ok
 from tests.e2e.fuzz_schema import pin_model
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = pytest.mark.e2e
-
 EXAMPLES = 30  # per operation and generation mode: about 300 requests in all, a few seconds
 TIMEOUT_S = 30  # per request: a hang is a failure, not a stuck CI job
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -15,8 +15,6 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = pytest.mark.e2e
-
 STREAMS = 4
 LONG = {"model": "test-model", "prompt": "go", "max_tokens": 900, "ignore_eos": True, "stream": True}
 

@@ -15,8 +15,6 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server, wait_for
 
-pytestmark = pytest.mark.e2e
-
 STALL_S = 2.0
 ROWS = 4
 # Big events (20 alternatives per token, each with its bytes): the socket buffers fill within a few hundred

@@ -18,8 +18,6 @@ from tests.e2e.server import ServerProcess, start_server, wait_for
 from tests.e2e.streaming import completion_text, read_chunks
 from tests.listening_sockets import ANY_ADDRESS, listening
 
-pytestmark = pytest.mark.e2e
-
 TP = ("--tensor-parallel-size", "2")
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "judge"]
 

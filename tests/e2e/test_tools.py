@@ -13,7 +13,6 @@ import pytest
 from tests.e2e.conftest import sync_client
 from tests.e2e.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
 WEATHER_ARGS = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -14,8 +14,6 @@ import pytest
 from tests.audio_encoding import encoded
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = pytest.mark.e2e
-
 CLIP = Path(__file__).resolve().parents[1] / "data" / "audio" / "flite-s1.wav"
 CONTAINERS = {
     "clip.flac": ("flac", "flac", 16000),

@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from tests.e2e.conftest import sync_client
 from tests.e2e.server import ServerProcess
 
-pytestmark = pytest.mark.e2e
 MODEL = "test-model"
 
 

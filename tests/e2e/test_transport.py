@@ -16,8 +16,6 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server, wait_for
 
-pytestmark = pytest.mark.e2e
-
 HEADER_S, BODY_S, KEEP_ALIVE_S, MAX_CONNECTIONS = 1.5, 1.5, 1, 6
 INFLIGHT_BYTES = 1024 * 1024
 JSON = {"content-type": "application/json"}

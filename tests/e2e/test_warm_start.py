@@ -14,8 +14,6 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server
 
-pytestmark = pytest.mark.e2e
-
 AUDIO = Path(__file__).resolve().parents[1] / "data" / "audio" / "flite-s1.wav"
 SCHEMA = {
     "type": "json_schema",
