@@ -108,6 +108,9 @@ def cpu_has_native_bf16() -> bool:
 GPU_KV_SHARE = 0.85
 CPU_KV_SHARE = 0.25
 CPU_KV_CAP = 4 * 2**30
+# A CPU's default budget is rounded down to a multiple of this: the compiled decode step is kept for the pool's size,
+# so a restart while a little more or less memory is free reuses it instead of compiling again.
+CPU_KV_STEP = 512 * 2**20
 
 
 def resolve_kv_space(setting: float | None, block_size: int, device: torch.device) -> KVSpace:
@@ -115,12 +118,17 @@ def resolve_kv_space(setting: float | None, block_size: int, device: torch.devic
     free = _free_memory(device)
     if setting is None:
         share = GPU_KV_SHARE if device.type == "cuda" else CPU_KV_SHARE
-        budget = int(free * share) if device.type == "cuda" else min(int(free * share), CPU_KV_CAP)
+        budget = int(free * share) if device.type == "cuda" else _cpu_default(min(int(free * share), CPU_KV_CAP))
     elif setting <= 1:
         budget = int(free * setting)
     else:
         budget = int(setting)
     return KVSpace(bytes=budget, block_size=block_size)
+
+
+def _cpu_default(budget: int) -> int:
+    """A CPU's default K/V budget in whole `CPU_KV_STEP`s (the budget itself when smaller than one)."""
+    return budget // CPU_KV_STEP * CPU_KV_STEP or budget
 
 
 def _free_memory(device: torch.device) -> int:

@@ -123,8 +123,8 @@ class Settings(BaseSettings):
         gt=0,
         description="Memory for the K/V cache of running requests: bytes (4GiB, 512MB, 1e9) or a fraction (at most 1) "
         "of the device memory free after loading. Default: 0.85 of it on CUDA; on a CPU 0.25 of the available "
-        "memory, at most 4 GiB (taken as used). Requests wait when it is full; a running one is preempted and "
-        "recomputed later rather than failing.",
+        "memory, at most 4 GiB, in whole 512 MiB (taken as used). Requests wait when it is full; a running one is "
+        "preempted and recomputed later rather than failing.",
     )
     kv_block_size: int = Field(16, ge=1, le=1024, description="Tokens per K/V cache block.")
     chat_template: Path | None = Field(None, description="Jinja file overriding the tokenizer's chat template.")
