@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from transformers import AutoTokenizer
 
 from tests.e2e.fuzz_schema import nasty_schemas
@@ -290,7 +292,7 @@ def test_masks_are_computed_ahead_on_the_workers(structured, tokenizer) -> None:
     threads = []
     real = grammar_constraint.disallowed_tokens
 
-    def recording(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    def recording(bitmask: NDArray[np.int32], vocab: int) -> torch.Tensor:
         threads.append(threading.current_thread().name)
         return real(bitmask, vocab)
 

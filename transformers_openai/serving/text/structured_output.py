@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
+import numpy as np
 import torch
 from llguidance import LLMatcher, LLParserLimits
+from numpy.typing import NDArray
 
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.grammar_cache import CompiledGrammar, GrammarCache, estimate_bytes
@@ -193,10 +195,10 @@ class StructuredOutputs:
             matcher = LLMatcher(tokenizer, grammar, limits=LIMITS)
         except Exception as exc:  # llguidance refuses what it cannot read
             raise BadRequestError(f"{what} cannot be used: {str(exc) or type(exc).__name__}", param=param) from exc
-        bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
         start = time.thread_time()
         if not matcher.is_error():
-            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+            llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, 0)
         first_mask_s = time.thread_time() - start
         error = matcher.get_error() or _probe(matcher, bitmask, tokenizer.vocab_size)
         if error:
@@ -224,11 +226,11 @@ class _Flight:
     error: BadRequestError | None = None
 
 
-def _probe(matcher: Any, first: torch.Tensor, vocab: int) -> str:
+def _probe(matcher: Any, first: NDArray[np.int32], vocab: int) -> str:
     """The error llguidance meets while the grammar forces its first tokens one at a time (at most `PROBE_TOKENS`),
     on a copy of `matcher` whose first mask is `first`; empty if none."""
     probe = None
-    bitmask = first.clone()
+    bitmask = first.copy()
     for _ in range(PROBE_TOKENS):
         allowed = (~disallowed_tokens(bitmask, vocab)).nonzero().flatten().tolist()
         if len(allowed) != 1:
@@ -236,5 +238,5 @@ def _probe(matcher: Any, first: torch.Tensor, vocab: int) -> str:
         probe = probe or matcher.deep_copy()
         if not probe.consume_token(allowed[0]) or probe.is_stopped():
             break
-        llguidance.torch.fill_next_token_bitmask(probe, bitmask, 0)
+        llguidance.numpy.fill_next_token_bitmask(probe, bitmask, 0)
     return str(probe.get_error()) if probe is not None else ""
