@@ -57,7 +57,7 @@ def retry_after_against_the_wait(server: ServerProcess) -> tuple[int, float]:
     return int(refused.headers["retry-after"]), min(finished) - asked
 
 
-def test_retry_after_is_the_wait_within_2x_busy_and_after_an_idle_minute(full_server: ServerProcess) -> None:
+def test_retry_after_is_the_wait_within_2x_busy_and_after_idling(full_server: ServerProcess) -> None:
     retry_after, waited = retry_after_against_the_wait(full_server)
     assert waited > 1.0, waited  # long enough to tell a good estimate from a bad one
     assert waited / 2 <= retry_after <= max(2 * waited, 1), (retry_after, waited)
