@@ -50,7 +50,9 @@ class Metrics:
 
         self.running = gauge("num_requests_running", LOAD_GAUGES["num_requests_running"])
         self.waiting = gauge("num_requests_waiting", LOAD_GAUGES["num_requests_waiting"])
-        self.kv_rows = gauge("kv_cache_rows_in_use", "KV-cache rows (one per running request) in use.")
+        self.kv_rows = gauge(
+            "kv_cache_rows_in_use", "KV-cache rows in use (one per admitted request, prefilling or generating)."
+        )
         self.kv_usage = gauge("kv_cache_usage_perc", LOAD_GAUGES["kv_cache_usage_perc"])
         self.kv_blocks_used = gauge("kv_cache_blocks_used", "K/V pool blocks held by requests.")
         self.kv_blocks_free = gauge(
