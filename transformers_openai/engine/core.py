@@ -83,8 +83,8 @@ class EngineCore:
             self._threads.apply()
 
     def add(self, request: EngineRequest) -> None:
-        limit = self.spec.output_limit(len(request.prompt_token_ids))
         spec = self.spec
+        limit = spec.output_limit(len(request.prompt_token_ids))
         seq = Sequence(request, self._tokenizer, self._stop_token_ids, limit, self._stop_automata, spec.decoder_prompt)
         seq.prefill.overhead = self.runner.prefill_cost(request.encoder_inputs)
         self.scheduler.add(seq)
