@@ -12,6 +12,7 @@ from tests.app.support import CHAT, COMPLETIONS, assert_error, chat_body, comple
 
 USER = [{"role": "user", "content": "Hi"}]
 IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/cat.png"}}]}]
+AUDIO_PART = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]
 
 # (path, body, status, param, code); param/code None means "not checked"
 CASES: list[tuple[str, dict[str, Any], int, str | None, str | None]] = [
@@ -28,7 +29,8 @@ CASES: list[tuple[str, dict[str, Any], int, str | None, str | None]] = [
     (CHAT, chat_body(messages=[]), 400, "messages", None),
     (CHAT, chat_body(messages=[{"role": "function", "content": "x"}]), 400, "messages.0.role", None),
     (CHAT, chat_body(messages=[{"role": "foo", "content": "x"}]), 400, "messages.0.role", None),
-    (CHAT, chat_body(messages=IMAGE), 400, "messages.0.content", None),
+    (CHAT, chat_body(messages=IMAGE), 400, "messages", None),  # a text-only model reads no images
+    (CHAT, chat_body(messages=AUDIO_PART), 400, "messages.0.content", None),
     (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),  # no template
     (CHAT, chat_body(response_format={"type": "xml"}), 400, "response_format.type", None),
     (CHAT, chat_body(response_format={"type": "json_object"}), 400, "response_format", None),  # no grammar support

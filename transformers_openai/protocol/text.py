@@ -81,9 +81,32 @@ class TextPart(Tolerant):
     text: Text
 
 
+class ImageURL(Strict):
+    """Where an image part's image is: a `data:` URL (base64) or an http(s) URL the server may be allowed to fetch."""
+
+    url: Text = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Tolerant):
+    """An image in a message (OpenAI's `image_url` part), for a model that reads images."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _url_alone(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value  # vLLM and others accept the bare string
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+_PART_TYPES = ("text", "image_url")
+
+
 class ChatMessage(Tolerant):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_calls: list[HistoryToolCall] | None = None  # an assistant's calls
     tool_call_id: Text | None = None  # which call a tool message answers
@@ -103,12 +126,14 @@ class ChatMessage(Tolerant):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _only_text_parts(cls, value: Any) -> Any:
+    def _known_parts(cls, value: Any) -> Any:
         if isinstance(value, list):
             for part in value:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
-                    raise ValueError(f"content parts of type {kind!r} are not supported; only 'text' parts are")
+                if kind not in _PART_TYPES:
+                    raise ValueError(
+                        f"content parts of type {kind!r} are not supported; only 'text' and 'image_url' parts are"
+                    )
         return value
 
     @model_validator(mode="after")
@@ -126,12 +151,27 @@ class ChatMessage(Tolerant):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
-    def for_template(self) -> dict[str, Any]:
-        """The message as chat templates read it (transformers' convention for tool calls and results)."""
+    def images(self) -> list[ImagePart]:
+        """The message's image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [part for part in self.content if isinstance(part, ImagePart)]
+
+    def for_template(self, images: bool = False) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' convention for tool calls and results). With
+        `images`, content with image parts stays a list of parts, each image as `{"type": "image"}` where it stands
+        (what processors' templates read); otherwise the content is the text."""
         # OpenAI's "developer" role is the newer name of "system"; templates know the latter.
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        role = "system" if self.role == "developer" else self.role
+        content: str | list[dict[str, str]] = self.text()
+        if images and self.images() and isinstance(self.content, list):
+            content = [
+                {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+                for part in self.content
+            ]
+        message: dict[str, Any] = {"role": role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [
                 {

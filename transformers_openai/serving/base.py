@@ -43,6 +43,8 @@ __all__ = ["ClientDisconnected", "GenerationHandler", "WaitDisconnect", "check_o
 class Prompt:
     token_ids: list[int]
     text: str | None = None  # the prompt as text, when echo needs it
+    # A decoder-only model's other inputs (a vision-language model's images, as its processor prepared them).
+    encoder_inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,7 +169,9 @@ class GenerationHandler(Generic[RequestT]):
         if self.ctx.encoder_decoder:
             inputs = {"input_ids": prompt.token_ids}
             return EngineRequest(engine_id, [], params, encoder_inputs=inputs, constraint=constraint)
-        return EngineRequest(engine_id, prompt.token_ids, params, constraint=constraint)
+        return EngineRequest(
+            engine_id, prompt.token_ids, params, encoder_inputs=prompt.encoder_inputs, constraint=constraint
+        )
 
     def _max_tokens(self, request: RequestT, prompt_len: int) -> int:
         limit = self.ctx.max_model_len

@@ -24,6 +24,7 @@ class Capability(str, enum.Enum):
     TEXT = "text"  # /v1/chat/completions, /v1/completions
     SPEECH = "speech"  # /v1/audio/transcriptions, /v1/audio/translations
     EMBEDDINGS = "embeddings"  # /v1/embeddings
+    VISION = "vision"  # image parts in chat (and Responses) messages
 
 
 class EngineClient(Protocol):
@@ -107,6 +108,23 @@ class EmbeddingModel:
     max_total_tokens: int = 300_000  # tokens one request may hold over all its inputs (--max-embedding-tokens)
 
 
+class VisionPrompts(Protocol):
+    """A vision-language model's prompts: chat messages with images rendered and tokenized by the model's own
+    processor (`serving/vision/`), or a fake in tests."""
+
+    async def encode_chat(
+        self,
+        messages: Sequence[Any],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[list[int], dict[str, Any]]:
+        """The prompt's token ids (each image's placeholder tokens in place) and what the runner needs to encode its
+        images (`EngineRequest.encoder_inputs`); `messages` are `protocol.ChatMessage`s. A bad image is a 400."""
+        ...
+
+
 @dataclass
 class ServingContext:
     engine: EngineClient
@@ -130,6 +148,7 @@ class ServingContext:
     max_stored_response_bytes: int = 256 * 1024 * 1024  # what they may take together, as bytes of their JSON
     embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
     quantization: str = "none"  # how the weights are quantized (transformers_openai.quantization.describe)
+    vision: VisionPrompts | None = None  # vision-language models: prompts with images
 
     def check_model(self, name: str) -> None:
         """A request must name the served model (its served name or its path): anything else is a 404."""

@@ -25,6 +25,7 @@ from transformers_openai.protocol import (
 )
 from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt
 from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools, delta_parts, tool_calls
 from transformers_openai.serving.text.prompt_scores import prompt_logprobs
 from transformers_openai.serving.text.tool_parser import ToolCallParser, parse_answer
@@ -39,14 +40,25 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         self.tools = ChatTools(ctx.tokenizer, ctx.tool_format)
 
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
+        ending = (request.add_generation_prompt, request.continue_final_message)
+        if any(m.images() for m in request.messages):
+            return [await self._image_prompt(request)]
         messages = [m.for_template() for m in request.messages]
         tokenizer = self.ctx.tokenizer
         if self.ctx.encoder_decoder and not tokenizer.has_chat_template and not request.offered_tools():
             # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
             return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
         tools = self.tools.template_tools(request.offered_tools())
-        ending = (request.add_generation_prompt, request.continue_final_message)
         return [Prompt(await tokenizer.encode_chat(messages, tools, *ending))]
+
+    async def _image_prompt(self, request: ChatCompletionRequest) -> Prompt:
+        """A chat with images, rendered and tokenized by a vision-language model's processor."""
+        if self.ctx.vision is None:
+            raise BadRequestError(f"the model '{request.model}' does not read images", param="messages")
+        tools = self.tools.template_tools(request.offered_tools())
+        ending = (request.add_generation_prompt, request.continue_final_message)
+        token_ids, inputs = await self.ctx.vision.encode_chat(request.messages, tools, *ending)
+        return Prompt(token_ids, encoder_inputs=inputs)
 
     def answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
         forced = self.tools.forced_grammar(request)
