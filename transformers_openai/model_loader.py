@@ -359,6 +359,8 @@ def _serving_context(
         max_stored_responses=settings.max_stored_responses,
         max_stored_response_bytes=settings.max_stored_response_bytes,
         quantization=quantization,
+        reasoning_parser=settings.reasoning_parser,
+        default_template_kwargs=dict(settings.default_chat_template_kwargs),
     )
 
 

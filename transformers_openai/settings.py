@@ -133,6 +133,18 @@ class Settings(BaseSettings):
         description="How the model writes tool calls; auto reads it from the chat template (<tool_call>: hermes, "
         "[TOOL_CALLS]: mistral, <|python_tag|>: llama3_json), hermes when the template does not say.",
     )
+    reasoning_parser: Literal["auto", "none", "deepseek_r1", "qwen3", "response_schema"] = Field(
+        "auto",
+        description="How the model's thought is told from its answer (returned as reasoning_content): "
+        "deepseek_r1 and qwen3 (<think>...</think>), response_schema (the tokenizer's own, through transformers' "
+        "parse_response); auto: the tokenizer's response schema where it has one, else <think> when the chat "
+        "template writes it, else none (the thought, if any, stays in the content).",
+    )
+    default_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Variables given to the chat template of every request (JSON, e.g. {"enable_thinking": false}); '
+        "a request's chat_template_kwargs override them.",
+    )
     response_role: str = Field("assistant", description="Role of the generated chat message.")
     default_max_tokens: int | None = Field(
         None,
@@ -148,6 +160,25 @@ class Settings(BaseSettings):
     max_content_parts: int = Field(
         4096, ge=1, description="Most content parts the messages of one chat request may have together; more get 400."
     )
+    limit_mm_per_prompt: int = Field(
+        8, ge=0, description="Most images one request may hold (vision-language models); more get 400."
+    )
+    max_image_pixels: int = Field(
+        16_000_000, ge=1, description="Most pixels (width x height) one image may have once decoded; more get 400."
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024, description="Largest image accepted, as sent or as fetched; larger ones get 400."
+    )
+    allowed_media_domains: CommaList = Field(
+        default_factory=list,
+        description="Hosts whose http(s) image URLs the server may fetch ('*' for any public host); none by "
+        "default: images come as data: URLs. Loopback and private addresses stay refused unless "
+        "--allow-private-media-urls.",
+    )
+    allow_private_media_urls: bool = Field(
+        False, description="Let image URLs reach loopback, link-local and private addresses (trusted networks only)."
+    )
+    media_fetch_timeout: float = Field(10.0, gt=0, description="Seconds one image URL may take to fetch.")
     max_audio_bytes: int = Field(
         25 * 1024 * 1024, ge=1024, description="Largest audio file accepted by /v1/audio/*; larger ones get 413."
     )
@@ -248,7 +279,13 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "api_keys", "allowed_origins", "allowed_methods", "allowed_headers", "allowed_hosts", mode="before"
+        "api_keys",
+        "allowed_origins",
+        "allowed_methods",
+        "allowed_headers",
+        "allowed_hosts",
+        "allowed_media_domains",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:

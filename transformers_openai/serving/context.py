@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from numpy.typing import NDArray
@@ -149,6 +149,10 @@ class ServingContext:
     embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
     quantization: str = "none"  # how the weights are quantized (transformers_openai.quantization.describe)
     vision: VisionPrompts | None = None  # vision-language models: prompts with images
+    # How the thought is told from the answer (settings.reasoning_parser: auto, none, deepseek_r1, qwen3,
+    # response_schema), and the chat template's variables for every request (a request's own override them).
+    reasoning_parser: str = "none"
+    default_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def check_model(self, name: str) -> None:
         """A request must name the served model (its served name or its path): anything else is a 404."""
