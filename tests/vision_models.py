@@ -95,7 +95,7 @@ def build_tiny_llava(dest: Path, seed: int = 0) -> Path:
     config = LlavaConfig(
         vision_config=_clip_config(30, 6),
         text_config=_text_config(tokenizer),
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-1,
         vision_feature_select_strategy="default",
     )
@@ -127,7 +127,7 @@ def build_tiny_llava_next(dest: Path, seed: int = 0) -> Path:
     config = LlavaNextConfig(
         vision_config=_clip_config(30, 6),
         text_config=_text_config(tokenizer),
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-1,
         vision_feature_select_strategy="default",
         image_grid_pinpoints=pinpoints,
