@@ -1,0 +1,157 @@
+"""Image URLs: the host list, the address check (also after redirects), the time and size bounds, other schemes."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.vision.fetch import IPAddress, MediaFetcher, is_public
+from transformers_openai.serving.vision.limits import ImageLimits
+
+PARAM = "messages.0.content.1"
+BODY = b"\x89PNG not really, but bytes" * 10
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """/image: BODY; /slow: answers after a second; /big: 10,000 bytes without a length; /big-declared: says 10,000;
+    /to?url=...: a redirect there; /missing: 404."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path, _, query = self.path.partition("?")
+        if path == "/image":
+            self._send(200, BODY)
+        elif path == "/slow":
+            time.sleep(1.5)
+            self._send(200, BODY)
+        elif path == "/big":
+            self.send_response(200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for _ in range(10):
+                self.wfile.write(b"x" * 1000)
+        elif path == "/big-declared":
+            self.send_response(200)
+            self.send_header("Content-Length", "10000")
+            self.end_headers()
+        elif path == "/to":
+            self.send_response(302)
+            self.send_header("Location", query.removeprefix("url="))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            self._send(404, b"no")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def loopback_is_public(address: IPAddress) -> bool:
+    """The test server's 127.0.0.1 stands in for a public host; every other address is judged as usual."""
+    return address == ipaddress.ip_address("127.0.0.1") or is_public(address)
+
+
+async def refused(fetcher: MediaFetcher, url: str) -> str:
+    with pytest.raises(BadRequestError) as caught:
+        await fetcher.fetch(url, PARAM)
+    assert caught.value.param == PARAM
+    return caught.value.message
+
+
+def test_public_addresses() -> None:
+    for text in ["93.184.215.14", "2606:4700::1111"]:
+        assert is_public(ipaddress.ip_address(text)), text
+    private = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0"]
+    private += ["240.0.0.1", "224.0.0.1", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::"]
+    for text in private:
+        assert not is_public(ipaddress.ip_address(text)), text
+
+
+async def test_urls_are_refused_when_no_host_is_allowed(port: int) -> None:
+    message = await refused(MediaFetcher(ImageLimits()), f"http://127.0.0.1:{port}/image")
+    assert "data: URL" in message and "--allowed-media-domains" in message
+
+
+async def test_other_schemes_are_refused() -> None:
+    fetcher = MediaFetcher(ImageLimits(allowed_domains=frozenset({"*"}), allow_private=True))
+    for url in ["file:///etc/passwd", "ftp://example.com/a.png", "gopher://example.com/"]:
+        assert "not supported" in await refused(fetcher, url)
+
+
+async def test_allowed_host_is_fetched_and_others_are_not(port: int) -> None:
+    limits = ImageLimits(allowed_domains=frozenset({"localhost"}), allow_private=True)
+    assert await MediaFetcher(limits).fetch(f"http://LOCALHOST:{port}/image", PARAM) == BODY
+    assert "not allowed" in await refused(MediaFetcher(limits), f"http://127.0.0.1:{port}/image")
+
+
+async def test_loopback_is_refused_unless_private_urls_are_allowed(port: int) -> None:
+    everywhere = frozenset({"*"})
+    for host in ["localhost", "127.0.0.1", "[::ffff:127.0.0.1]"]:
+        message = await refused(MediaFetcher(ImageLimits(allowed_domains=everywhere)), f"http://{host}:{port}/image")
+        assert "--allow-private-media-urls" in message
+    trusted = MediaFetcher(ImageLimits(allowed_domains=everywhere, allow_private=True))
+    assert await trusted.fetch(f"http://localhost:{port}/image", PARAM) == BODY
+
+
+async def test_redirects_are_checked_like_the_first_url(port: int) -> None:
+    public_test_host = MediaFetcher(ImageLimits(allowed_domains=frozenset({"*"})), public=loopback_is_public)
+    base = f"http://127.0.0.1:{port}"
+    assert await public_test_host.fetch(f"{base}/to?url=/image", PARAM) == BODY  # to the same (public) host
+    for target in ["http://10.0.0.1/image", "http://169.254.169.254/latest", f"http://127.0.0.2:{port}/image"]:
+        assert "--allow-private-media-urls" in await refused(public_test_host, f"{base}/to?url={target}")
+    one_host = MediaFetcher(ImageLimits(allowed_domains=frozenset({"127.0.0.1"})), public=loopback_is_public)
+    assert "not allowed" in await refused(one_host, f"{base}/to?url=http://example.com/image")
+    assert "not supported" in await refused(one_host, f"{base}/to?url=file:///etc/passwd")
+    endless = f"{base}/to?url=/to?url=/to?url=/to?url=/to?url=/image"
+    assert "redirects" in await refused(one_host, endless)
+
+
+async def test_slow_server_times_out(port: int) -> None:
+    limits = ImageLimits(allowed_domains=frozenset({"*"}), allow_private=True, fetch_timeout=0.3)
+    started = time.monotonic()
+    assert "timed out after 0.3 s" in await refused(MediaFetcher(limits), f"http://127.0.0.1:{port}/slow")
+    assert time.monotonic() - started < 1.2
+
+
+async def test_body_is_cut_at_the_byte_bound(port: int) -> None:
+    limits = ImageLimits(allowed_domains=frozenset({"*"}), allow_private=True, max_bytes=4096)
+    fetcher = MediaFetcher(limits)
+    assert "--max-image-bytes" in await refused(fetcher, f"http://127.0.0.1:{port}/big")
+    assert "--max-image-bytes" in await refused(fetcher, f"http://127.0.0.1:{port}/big-declared")
+
+
+async def test_failed_fetches_name_their_cause(port: int) -> None:
+    fetcher = MediaFetcher(ImageLimits(allowed_domains=frozenset({"*"}), allow_private=True))
+    assert "HTTP 404" in await refused(fetcher, f"http://127.0.0.1:{port}/missing")
+    assert "could not be resolved" in await refused(fetcher, "http://no-such-host.invalid/image")
+    assert "fetching the image failed" in await refused(fetcher, f"http://127.0.0.1:{closed_port()}/image")
