@@ -60,7 +60,8 @@ class PrefillJob:
             take = min(take, SCORED_CHUNK_TOKENS)
         start, end = self.done, min(len(self.decoder_prompt), self.done + take)
         tokens = self.decoder_prompt[start:end]
-        return PrefillRow(slot, self.table, tokens, end == len(self.decoder_prompt), scoring, self.encoder_inputs)
+        last = end == len(self.decoder_prompt)
+        return PrefillRow(slot, self.table, tokens, last, scoring, self.encoder_inputs, self.decoder_prompt)
 
     def took(self, row: PrefillRow, logits: torch.Tensor | None, info: Mapping[str, float]) -> torch.Tensor | None:
         """Records a row the runner executed; returns the next-token logits `[vocab]` once the prompt is all in."""

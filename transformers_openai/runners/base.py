@@ -93,7 +93,9 @@ class PrefillRow:
 
     `last`: the prompt is all in after this step; `score`: the logits of every position are wanted (prompt
     logprobs); `encoder_inputs`: the request's encoder input (T5: `input_ids`; Whisper: `input_features` and
-    maybe its `window`), given with its first tokens.
+    maybe its `window`; a vision-language model: its processor's image tensors); `prompt`: the whole prompt `tokens`
+    are part of (`tokens` start at its position `table.length`), for a runner that reads beyond the chunk (which of
+    its image features a chunk cut inside an image takes).
     """
 
     slot: int
@@ -102,6 +104,7 @@ class PrefillRow:
     last: bool = True
     score: bool = False
     encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
+    prompt: Sequence[int] = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_cache import cache_keyword
-from transformers_openai.runners.kv.paged_cache import PagedKVCache
+from transformers_openai.runners.kv.paged_cache import PagedKVCache, StepPlan
 
 StepRows = Sequence[tuple[BlockTable, list[int]]]  # each row's blocks (and the tokens they hold), its new tokens
 
@@ -59,13 +59,26 @@ class PagedStep:
         return sdpa_kernel(EAGER_CUDA_ATTENTION) if self.cache.device.type == "cuda" else nullcontext()
 
     def forward(self, rows: StepRows, keep: int) -> torch.Tensor:
-        cache = self.cache
-        plan = cache.plan([(table, len(tokens)) for table, tokens in rows])
+        plan = self.cache.plan([(table, len(tokens)) for table, tokens in rows])
         padding = [0] * plan.queries  # rows right-aligned: a row with fewer new tokens is padded on the left
         input_ids = torch.tensor([padding[len(tokens) :] + list(tokens) for _, tokens in rows], dtype=torch.long)
+        return self._run(plan, keep, input_ids=input_ids.to(self.cache.device))
+
+    def forward_embeds(self, rows: Sequence[tuple[BlockTable, torch.Tensor]], keep: int) -> torch.Tensor:
+        """As `forward`, each row's new positions given as input embeddings `[tokens, hidden]` (on the cache's
+        device) instead of token ids: a vision-language model's prompt with its image features merged in."""
+        plan = self.cache.plan([(table, len(embeds)) for table, embeds in rows])
+        first = rows[0][1]
+        inputs = first.new_zeros(len(rows), plan.queries, first.shape[-1])  # left padding reads zeros
+        for i, (_, embeds) in enumerate(rows):
+            inputs[i, plan.queries - len(embeds) :] = embeds
+        return self._run(plan, keep, inputs_embeds=inputs)
+
+    def _run(self, plan: StepPlan, keep: int, **inputs: torch.Tensor) -> torch.Tensor:
+        cache = self.cache
         with cache.running(plan), self._eager_kernels():
             out = self.model(
-                input_ids=input_ids.to(cache.device),
+                **inputs,
                 position_ids=plan.positions,
                 attention_mask=plan.mask if self._placeholder_mask is None else self._placeholder_mask,
                 use_cache=True,
