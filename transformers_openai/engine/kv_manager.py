@@ -43,7 +43,7 @@ class KVManager:
         rows."""
         if job.kv is not None:
             return True
-        table = BlockTable(prefix_seed=self._seed)
+        table = BlockTable(prefix_seed=self._prefix_seed(job))
         if job.prompt_logprobs is None:
             job.done = self.pool.match_prefix(table, job.decoder_prompt)
         needed = self.pool.blocks_for(tokens) - len(table.blocks)
@@ -53,6 +53,14 @@ class KVManager:
             return False
         job.kv = table
         return True
+
+    def _prefix_seed(self, job: PrefillJob) -> bytes | None:
+        """Where a job's chain of block digests starts: a prompt with images starts from their digest, so the same
+        tokens with other images never share blocks, and the same images and tokens do."""
+        images = job.encoder_inputs.get("image_digest")
+        if self._seed is None or not isinstance(images, str):
+            return self._seed
+        return self._seed + images.encode()
 
     def grow(self, tables: Iterable[BlockTable]) -> bool:
         """Room for one more token in each of the running rows' `tables`; False (nothing taken) when the pool is
