@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
@@ -16,13 +17,16 @@ from transformers import (
     AutoFeatureExtractor,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForSeq2SeqLM,
+    AutoProcessor,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     WhisperForConditionalGeneration,
 )
 from transformers.distributed.configuration_utils import DistributedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from transformers_openai.embedding_loader import (
     ENCODER_TYPES,
@@ -48,6 +52,7 @@ from transformers_openai.runners.kv.kv_pool import KVSpace
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.steps.paged_step import StepExecutor
 from transformers_openai.runners.steps.step_store import has_cxx_compiler, private_store
+from transformers_openai.runners.vision_lm import VisionLMRunner
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.prompt_limits import PromptLimits
@@ -56,6 +61,8 @@ from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
 from transformers_openai.serving.text.structured_output import StructuredOutputs
 from transformers_openai.serving.text.tool_formats import FORMATS, detect_format
 from transformers_openai.serving.tokenizer import TokenizerService, engine_decoder
+from transformers_openai.serving.vision.limits import ImageLimits
+from transformers_openai.serving.vision.prompts import ProcessorPrompts
 from transformers_openai.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -76,7 +83,30 @@ def detect_kind(config: PretrainedConfig, override: str = "auto", sentence_trans
         return "whisper"
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
+    if (
+        getattr(config, "vision_config", None) is not None
+        or config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    ):
+        return VISION_KIND
     return "causal-lm"
+
+
+def vision_model_problem(model: PreTrainedModel, device_map: str | None) -> str | None:
+    """Why this image-text-to-text model cannot be served (the runner merges image features into a causal decoder's
+    prompt over the paged K/V pool); None when it can."""
+    name = type(model).__name__
+    if device_map:
+        return f"--device-map does not serve vision-language models ({name}): load it on one device"
+    if any(hasattr(module, "get_rope_index") for module in (model, getattr(model, "model", None))):
+        return (
+            f"{name} places image tokens with multimodal position ids (M-RoPE), which this server does not compute "
+            "yet: LLaVA, LLaVA-NeXT and Idefics3/SmolVLM-style models are served"
+        )
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"
+    if getattr(model, "get_image_features", None) is None:
+        return f"{name} has no get_image_features: its images cannot be merged into the prompt"
+    return None
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -215,6 +245,9 @@ def load_serving_context(
     ranks = _join_ranks(settings, config, kind, leader.rendezvous if leader is not None else None)
     dtype = resolve_dtype(settings.dtype, device)
     model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
+    problem = vision_model_problem(model, settings.device_map) if kind == VISION_KIND else None
+    if problem is not None:
+        raise ValueError(problem)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels.
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
@@ -277,7 +310,11 @@ def _generation_context(
     if speech_runner is not None:
         speech = _speech_model(settings, model, tokenizer, SpeechCalls(engine, speech_runner), observer)
     limits = (max_len, max_input_len, scheduler.capacity)
-    return _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+    context = _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+    if Capability.VISION in spec.capabilities:
+        processor = AutoProcessor.from_pretrained(settings.model)  # type: ignore[no-untyped-call]
+        context = replace(context, vision=ProcessorPrompts(processor, ImageLimits.from_settings(settings)))
+    return context
 
 
 def _acceleration(
@@ -495,6 +532,7 @@ def _decoder_positions(model: PreTrainedModel, requested: int | None) -> int:
 
 
 _TEXT = frozenset({Capability.TEXT})
+VISION_KIND = "image-text-to-text"
 MODEL_KINDS: dict[str, ModelKind] = {
     "causal-lm": ModelKind(
         AutoModelForCausalLM, lambda m, rows, n, _, kv: (CausalLMRunner(m, rows, n, kv), None), _TEXT, _text_context
@@ -513,4 +551,10 @@ MODEL_KINDS: dict[str, ModelKind] = {
         _decoder_positions,
     ),
     "embedding": ModelKind(AutoModel, None, frozenset({Capability.EMBEDDINGS}), _text_context),
+    VISION_KIND: ModelKind(
+        AutoModelForImageTextToText,
+        lambda m, rows, n, _, kv: (VisionLMRunner(m, rows, n, kv), None),
+        frozenset({Capability.TEXT, Capability.VISION}),
+        _text_context,
+    ),
 }
