@@ -1,6 +1,6 @@
 """The fields vLLM's router (vllm-router 0.1.17) writes into every request it forwards, as captured from it: accepted
 at the values it sends, honoured where this server has the meaning, a 400 naming the field for a value it cannot
-honour; other unknown fields still get their 400."""
+honour; other unknown fields still get their 400. (The reasoning fields' effect: tests/app/test_app_reasoning.py.)"""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ async def test_what_the_router_forwards_is_served(
         (COMPLETIONS, completion_body(no_stop_trim=True), "no_stop_trim"),
         (CHAT, chat_body(return_hidden_states=True), "return_hidden_states"),
         (COMPLETIONS, completion_body(return_hidden_states=True), "return_hidden_states"),
-        (CHAT, chat_body(stream_reasoning=False), "stream_reasoning"),
-        (CHAT, chat_body(include_reasoning=False), "include_reasoning"),
+        (CHAT, chat_body(stream_reasoning="no"), "stream_reasoning"),
+        (CHAT, chat_body(include_reasoning=0), "include_reasoning"),
         (CHAT, chat_body(continue_final_message=True), "continue_final_message"),  # with a generation prompt
         (COMPLETIONS, completion_body(include_reasoning=True), "include_reasoning"),  # a chat field only
         (CHAT, chat_body(**CHAT_ADDED, frobnicate=1), "frobnicate"),
@@ -75,9 +75,14 @@ async def test_a_value_this_server_cannot_honour_is_a_400_naming_the_field(
     assert not fake.submitted
 
 
-async def test_separate_reasoning_false_is_what_this_server_does(client: httpx.AsyncClient) -> None:
-    response = await client.post(CHAT, json=chat_body(**{**CHAT_ADDED, "separate_reasoning": False}))
-    assert response.status_code == 200, response.text
+@pytest.mark.parametrize("field", ["separate_reasoning", "stream_reasoning", "include_reasoning"])
+async def test_each_reasoning_field_is_accepted_at_either_value(client: httpx.AsyncClient, field: str) -> None:
+    """Without a reasoning format (this tokenizer's template writes no thought) they change nothing."""
+    for stream in (False, True):
+        response = await client.post(CHAT, json=chat_body(**{**CHAT_ADDED, field: False, "stream": stream}))
+        assert response.status_code == 200, response.text
+        if not stream:
+            assert response.json()["choices"][0]["message"]["content"] == "Hello, world"
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])

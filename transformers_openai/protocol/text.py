@@ -116,6 +116,10 @@ class ChatMessage(Tolerant):
     annotations: list[Any] | None = None
     audio: Any = None
     function_call: Any = None
+    # An assistant's thought, as this server (vLLM's name and the older one) or a client echoes it back: given to the
+    # template as `reasoning_content`, which templates that show earlier thoughts read (Qwen3's keeps the latest).
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
 
     @field_validator("function_call")
     @classmethod
@@ -142,6 +146,8 @@ class ChatMessage(Tolerant):
             raise ValueError(f"a '{self.role}' message needs 'content'")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only an 'assistant' message can have 'tool_calls'")
+        if (self.reasoning_content is not None or self.reasoning is not None) and self.role != "assistant":
+            raise ValueError("only an 'assistant' message can have 'reasoning_content'")
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a 'tool' message needs 'tool_call_id'")
         return self
@@ -181,6 +187,9 @@ class ChatMessage(Tolerant):
                 }
                 for call in self.tool_calls
             ]
+        thought = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if thought is not None:
+            message["reasoning_content"] = thought
         if self.role == "tool":
             message["tool_call_id"] = self.tool_call_id
             if self.name is not None:
@@ -197,12 +206,11 @@ _NULL_MEANS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "ignore_eos"
 _ROUTER_FIELDS: dict[str, tuple[tuple[bool, ...], str]] = {
     "no_stop_trim": ((False,), "a matched stop string is always trimmed from the text"),
     "return_hidden_states": ((False,), "hidden states are not returned"),
-    # This server separates no reasoning from the content (it has no reasoning parser, like SGLang without
-    # --reasoning-parser): any reasoning is streamed in the content as it comes, and cannot be left out.
-    "separate_reasoning": ((True, False), ""),
-    "stream_reasoning": ((True,), "reasoning is not separated from the content, so it is streamed with it"),
-    "include_reasoning": ((True,), "reasoning is not separated from the content, so it cannot be left out"),
 }
+# (Its reasoning fields, separate_reasoning, stream_reasoning and include_reasoning, are honoured at any value.)
+
+# What OpenAI's reasoning_effort takes; it reaches the chat template as the variable `reasoning_effort`.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
 def _router_field(value: bool, info: ValidationInfo) -> bool:
@@ -380,7 +388,12 @@ class ChatCompletionRequest(_SamplingRequest):
     # vLLM's: end the prompt with the assistant's header (the default), or continue the last (assistant) message
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    # vLLM's and SGLang's, sent by vllm-router (_ROUTER_FIELDS)
+    # The chat template's own variables (e.g. {"enable_thinking": false}), over the server's defaults.
+    chat_template_kwargs: dict[Text, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    # Where a reasoning format applies: vLLM's include_reasoning (false: the thought is left out of the reply),
+    # SGLang's separate_reasoning (false: the thought stays in the content) and stream_reasoning (false: the
+    # thought is streamed in one piece when it ends). vllm-router sends all three at their defaults.
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     include_reasoning: bool = True
@@ -390,14 +403,11 @@ class ChatCompletionRequest(_SamplingRequest):
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
-    reasoning_effort: Text | None = None
     web_search_options: Any = None
 
     _unsupported = field_validator(
         "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"
     )(_reject_unsupported)
-    _chat_router_fields = field_validator("separate_reasoning", "stream_reasoning", "include_reasoning")(_router_field)
-
     _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 
     @field_validator("tools")
@@ -491,10 +501,18 @@ class CompletionRequest(_SamplingRequest):
 # ---------------------------------------------------------------- responses
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0  # tokens of the thought, its markers included
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # OpenAI's breakdown of the completion: present where the model's thought is told from its answer.
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class TopLogprob(BaseModel):
@@ -533,6 +551,9 @@ PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 class AssistantMessage(BaseModel):
     role: str
     content: str | None
+    # The thought, under vLLM's current name and its older one (which LiteLLM and others read); absent without one.
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    reasoning: str | None = Field(default=None, exclude_if=lambda value: value is None)
     # Absent when the answer calls no tool, as OpenAI answers.
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda value: not value)
 
@@ -559,6 +580,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    reasoning: str | None = Field(default=None, exclude_if=lambda value: value is None)
     tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=lambda value: not value)
 
 

@@ -21,7 +21,7 @@ from transformers_openai.engine.request import (
     TokenLogprob,
 )
 from transformers_openai.engine.sampling_params import SamplingParams
-from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from transformers_openai.protocol import ChatCompletionRequest, CompletionRequest, CompletionTokensDetails, Usage
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect, until_disconnect
 from transformers_openai.serving.errors import (
@@ -31,6 +31,7 @@ from transformers_openai.serving.errors import (
     ServiceUnavailableError,
     to_openai_error,
 )
+from transformers_openai.serving.text.reasoning import ReasoningSplitter
 from transformers_openai.serving.text.tool_parser import ToolCallParser
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,24 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     tool_parser: ToolCallParser | None = None  # a stream's tool calls, read as they come
+    # Where the model's thought is told from its answer: the splitter, the two parts so far, the last output's.
+    splitter: ReasoningSplitter | None = None
+    reasoning: str = ""
+    answer: str = ""
+    last_split: tuple[str, str] = ("", "")
+    reasoning_sent: bool = False  # a stream that holds the thought back has sent it
+
+    def split(self, output: RequestOutput) -> None:
+        """Feeds the splitter one output (and, when it is the last, flushes it)."""
+        if self.splitter is None:
+            return
+        reasoning, answer = self.splitter.feed(output.text, len(output.token_ids))
+        if output.finished:
+            more_reasoning, more_answer = self.splitter.finish()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        self.reasoning += reasoning
+        self.answer += answer
+        self.last_split = (reasoning, answer)
 
 
 @dataclass(frozen=True)
@@ -100,9 +119,13 @@ class GenerationHandler(Generic[RequestT]):
     def usage_chunk(self, request_id: str, request: RequestT, usage: Usage) -> BaseModel:
         raise NotImplementedError
 
-    def answer_grammar(self, request: RequestT) -> AnswerGrammar | None:
-        """What the answer must follow (structured outputs, forced tool calls), if the request says."""
+    def answer_grammar(self, request: RequestT, prompts: list[Prompt]) -> AnswerGrammar | None:
+        """What the answer must follow (structured outputs, forced tool calls), if the request says; `prompts` are
+        the rendered prompts (whether the model starts in a thought can change the grammar)."""
         return None
+
+    def prepare_choices(self, request: RequestT, choices: list[Choice]) -> None:
+        """Sets up each choice's state before its outputs come (chat: the reasoning splitter)."""
 
     def sampling_params(self, request: RequestT, max_tokens: int) -> SamplingParams:
         return request.to_sampling_params(max_tokens)
@@ -122,8 +145,9 @@ class GenerationHandler(Generic[RequestT]):
         base_id = request_id or uuid.uuid4().hex
         created = int(time.time())
         prompts = await self.prompts(request)
-        constraints = await self._constraints(request, len(prompts) * request.n)
+        constraints = await self._constraints(request, prompts, len(prompts) * request.n)
         choices, engine_requests = self._fan_out(base_id, request, prompts, constraints)
+        self.prepare_choices(request, choices)
         request_id = self.request_id_prefix + base_id
         streams = self.ctx.engine.submit(engine_requests)
         merged = self._merge([r.request_id for r in engine_requests], streams)
@@ -131,9 +155,9 @@ class GenerationHandler(Generic[RequestT]):
             return self._stream(request_id, request, choices, merged, created)
         return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect, created)
 
-    async def _constraints(self, request: RequestT, count: int) -> list[TokenConstraint] | None:
+    async def _constraints(self, request: RequestT, prompts: list[Prompt], count: int) -> list[TokenConstraint] | None:
         """One grammar constraint per choice when the answer must follow a grammar, built in a worker thread."""
-        grammar = self.answer_grammar(request)
+        grammar = self.answer_grammar(request, prompts)
         if grammar is None:
             return None
         structured = self.ctx.structured
@@ -310,15 +334,19 @@ class GenerationHandler(Generic[RequestT]):
         choice.completion_tokens = output.completion_tokens
         if output.finish_reason is not None:
             choice.finish_reason = output.finish_reason.value
+        choice.split(output)
 
     @staticmethod
     def _usage(choices: list[Choice]) -> Usage:
         prompt_tokens = sum(len(p.token_ids) for p in {id(c.prompt): c.prompt for c in choices}.values())
         completion_tokens = sum(c.completion_tokens for c in choices)
+        splitters = [c.splitter for c in choices if c.splitter is not None]
+        details = CompletionTokensDetails(reasoning_tokens=sum(s.reasoning_tokens for s in splitters))
         return Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            completion_tokens_details=details if splitters else None,
         )
 
 

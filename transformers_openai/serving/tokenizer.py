@@ -103,21 +103,30 @@ class TokenizerService:
                     return int(token_id), bool(token.special)
         return None
 
+    def response_template(self) -> Any:
+        """The tokenizer's `response_template` (how its model's replies are parsed, read by `parse_response`); None
+        when it has none."""
+        return getattr(self._tokenizer, "response_template", None)
+
     async def encode_chat(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The chat rendered by its template and tokenized: by default ending in the assistant's header."""
+        """The chat rendered by its template and tokenized: by default ending in the assistant's header.
+
+        `template_kwargs`: the template's own variables (`enable_thinking`, `reasoning_effort`, ...), checked by the
+        caller not to collide with `apply_chat_template`'s arguments."""
         if not self.has_chat_template:
             raise BadRequestError(
                 "this model has no chat template; start the server with --chat-template FILE or use /v1/completions",
                 param="messages",
             )
         ending = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
-        return await self._in_pool(self._render_chat, messages, tools, ending)
+        return await self._in_pool(self._render_chat, messages, tools, {**(template_kwargs or {}), **ending})
 
     async def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._in_pool(self._encode, text, add_special_tokens)
@@ -163,11 +172,11 @@ class TokenizerService:
         return text
 
     def _render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, ending: dict[str, bool]
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, variables: dict[str, Any]
     ) -> list[int]:
         with self._own() as tokenizer:
             try:
-                text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, **ending)
+                text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, **variables)
             except Exception as exc:  # template errors are the request's fault (e.g. role order)
                 message = f"the chat template rejected these messages: {exc}"
                 raise BadRequestError(message, param="messages") from exc

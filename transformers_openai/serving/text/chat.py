@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -28,6 +29,9 @@ from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools, delta_parts, tool_calls
 from transformers_openai.serving.text.prompt_scores import prompt_logprobs
+from transformers_openai.serving.text.reasoning import ReasoningFormat, reasoning_format
+from transformers_openai.serving.text.template_variables import template_variables
+from transformers_openai.serving.text.thought_grammar import after_thought
 from transformers_openai.serving.text.tool_parser import ToolCallParser, parse_answer
 
 
@@ -38,39 +42,66 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     def __init__(self, ctx: ServingContext) -> None:
         super().__init__(ctx)
         self.tools = ChatTools(ctx.tokenizer, ctx.tool_format)
+        self.reasoning = reasoning_format(ctx)  # how the model's thought is told from its answer; None: it is not
+
+    def reasoning_of(self, request: ChatCompletionRequest) -> ReasoningFormat | None:
+        """The reasoning format that splits this request's answers: none when it asks for no split."""
+        return self.reasoning if request.separate_reasoning else None
 
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
         ending = (request.add_generation_prompt, request.continue_final_message)
+        variables = template_variables(self.ctx.default_template_kwargs, request)
         if any(m.images() for m in request.messages):
-            return [await self._image_prompt(request)]
+            return [await self._image_prompt(request, variables)]
         messages = [m.for_template() for m in request.messages]
         tokenizer = self.ctx.tokenizer
         if self.ctx.encoder_decoder and not tokenizer.has_chat_template and not request.offered_tools():
             # Seq2seq models are mostly prompted with plain text: the contents, one message per line.
             return [Prompt(await tokenizer.encode_text("\n".join(m["content"] for m in messages)))]
         tools = self.tools.template_tools(request.offered_tools())
-        return [Prompt(await tokenizer.encode_chat(messages, tools, *ending))]
+        return [Prompt(await tokenizer.encode_chat(messages, tools, *ending, template_kwargs=variables))]
 
-    async def _image_prompt(self, request: ChatCompletionRequest) -> Prompt:
+    async def _image_prompt(self, request: ChatCompletionRequest, variables: dict[str, Any]) -> Prompt:
         """A chat with images, rendered and tokenized by a vision-language model's processor."""
         if self.ctx.vision is None:
             raise BadRequestError(f"the model '{request.model}' does not read images", param="messages")
         tools = self.tools.template_tools(request.offered_tools())
         ending = (request.add_generation_prompt, request.continue_final_message)
-        token_ids, inputs = await self.ctx.vision.encode_chat(request.messages, tools, *ending)
+        token_ids, inputs = await self.ctx.vision.encode_chat(
+            request.messages, tools, *ending, template_kwargs=variables
+        )
         return Prompt(token_ids, encoder_inputs=inputs)
 
-    def answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
+    def answer_grammar(self, request: ChatCompletionRequest, prompts: list[Prompt]) -> AnswerGrammar | None:
+        grammar = self._answer_grammar(request)
+        fmt = self.reasoning_of(request)
+        if grammar is None or fmt is None or not any(fmt.thinks_at_start(p.token_ids) for p in prompts):
+            return grammar
+        return after_thought(grammar, fmt, self.ctx.tokenizer)  # the model thinks first: the grammar follows
+
+    def _answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
         forced = self.tools.forced_grammar(request)
         if forced is not None:
             return AnswerGrammar("tool_choice", lark=forced)
         schema = request.response_format.answer_schema() if request.response_format else None
         return AnswerGrammar("response_format", schema=schema) if schema is not None else None
 
+    def prepare_choices(self, request: ChatCompletionRequest, choices: list[Choice]) -> None:
+        fmt = self.reasoning_of(request)
+        if fmt is None:
+            return
+        thinking: dict[int, bool] = {}  # by prompt: the n choices of one prompt share it
+        for choice in choices:
+            key = id(choice.prompt)
+            if key not in thinking:
+                thinking[key] = fmt.thinks_at_start(choice.prompt.token_ids)
+            choice.splitter = fmt.splitter(thinking[key])
+
     def sampling_params(self, request: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
         params = request.to_sampling_params(max_tokens)
-        if request.offered_tools() and self.tools.keeps_markers:
-            params = replace(params, skip_special_tokens=False)
+        fmt = self.reasoning_of(request)
+        if (request.offered_tools() and self.tools.keeps_markers) or (fmt is not None and fmt.keeps_markers):
+            params = replace(params, skip_special_tokens=False)  # special markers must survive decoding to be seen
         return params
 
     def response(
@@ -85,10 +116,15 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         )
 
     def _choice(self, request: ChatCompletionRequest, choice: Choice) -> ChatChoice:
-        message = AssistantMessage(role=self.ctx.response_role, content=choice.text)
+        answer = choice.text if choice.splitter is None else choice.answer
+        message = AssistantMessage(role=self.ctx.response_role, content=answer)
+        if choice.splitter is not None and choice.splitter.had_thought:
+            message.content = answer or None  # all thought, no answer: null content, as vLLM's
+            if request.include_reasoning:
+                message.reasoning_content = message.reasoning = choice.reasoning
         finish_reason = choice.finish_reason
-        if request.offered_tools():
-            parsed = parse_answer(self.tools.format, choice.text)
+        if request.offered_tools():  # tool calls are read from the answer only
+            parsed = parse_answer(self.tools.format, answer)
             message.content, message.tool_calls = parsed.content, tool_calls(parsed)
             finish_reason = _with_calls(finish_reason, bool(parsed.calls))
         logprobs = self._logprobs(request, choice.logprobs)
@@ -122,13 +158,16 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
         usage: Usage | None,
     ) -> BaseModel | None:
         content, calls = output.text, list[DeltaToolCall]()
+        reasoning = ""
+        if choice.splitter is not None:
+            reasoning, content = self._reasoning_delta(request, choice, output), choice.last_split[1]
         finish_reason = output.finish_reason.value if output.finish_reason else None
         parser = choice.tool_parser
-        if parser is not None:
-            events = parser.feed(output.text) + (parser.finish() if output.finished else [])
+        if parser is not None:  # fed the answer only
+            events = parser.feed(content) + (parser.finish() if output.finished else [])
             content, calls = delta_parts(events)
             finish_reason = _with_calls(finish_reason, parser.called)
-        if not content and not calls and not output.finished and not (output.logprobs and request.logprobs):
+        if not (content or calls or reasoning or output.finished or (output.logprobs and request.logprobs)):
             return None
         return ChatCompletionChunk(
             id=request_id,
@@ -136,13 +175,31 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
             choices=[
                 ChatChunkChoice(
                     index=choice.index,
-                    delta=DeltaMessage(content=content or None, tool_calls=calls or None),
+                    delta=DeltaMessage(
+                        content=content or None,
+                        reasoning_content=reasoning or None,
+                        reasoning=reasoning or None,
+                        tool_calls=calls or None,
+                    ),
                     logprobs=self._logprobs(request, output.logprobs or []),
                     finish_reason=finish_reason,
                 )
             ],
             usage=usage,
         )
+
+    @staticmethod
+    def _reasoning_delta(request: ChatCompletionRequest, choice: Choice, output: RequestOutput) -> str:
+        """The thought this output adds to the stream: none when it is left out; with stream_reasoning false, all
+        of it at once when it ends."""
+        if not request.include_reasoning or choice.splitter is None:
+            return ""
+        if request.stream_reasoning:
+            return choice.last_split[0]
+        if choice.splitter.thinking and not output.finished:
+            return ""
+        sent, choice.reasoning_sent = choice.reasoning_sent, True
+        return "" if sent else choice.reasoning
 
     def usage_chunk(self, request_id: str, request: ChatCompletionRequest, usage: Usage) -> BaseModel:
         return ChatCompletionChunk(id=request_id, model=request.model, choices=[], usage=usage)
