@@ -141,9 +141,12 @@ def blocks_for(requests: list[EngineRequest]) -> list[int]:
     return [-(-(len(r.prompt_token_ids) + NEW_TOKENS + 1) // BLOCK) for r in requests]
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+CASES = [*((name, False) for name in FAMILIES), ("llava", True)]
+
+
+@pytest.mark.parametrize(("name", "fixed"), CASES, ids=[f"{n}{'-fixed' if f else ''}" for n, f in CASES])
 def test_concurrent_image_requests_preempted_and_reused_equal_generate_alone(
-    families: dict[str, Family], name: str
+    families: dict[str, Family], name: str, fixed: bool
 ) -> None:
     fam = family(families, name)
     requests, expected = concurrent(fam)
@@ -151,6 +154,8 @@ def test_concurrent_image_requests_preempted_and_reused_equal_generate_alone(
     budget = max(needs) + 4  # the largest request fits, far from all of them together: preemption
     assert budget < sum(needs) // 2
     runner = VisionLMRunner(fam.model, max_rows=8, max_model_len=512, kv=fam.space(budget))
+    if fixed:  # decode steps, and short text prefills, from fixed buffers (as CUDA graphs run them)
+        assert runner.fix_steps(graphs=False, buckets=True)
     observer = Steps()
     core = EngineCore(runner, fam.processor.tokenizer, Scheduler(8, 16), frozenset(), observer)
     assert run(core, requests) == expected
