@@ -5,19 +5,16 @@ final assistant message only (earlier thoughts are dropped, as Qwen3's template 
 from __future__ import annotations
 
 THINK_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif -%}"
-    "{%- if reasoning_effort is defined and reasoning_effort %}<|im_start|>system\n"
-    "Reasoning effort: {{ reasoning_effort }}<|im_end|>\n{% endif -%}"
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message.role }}\n"
-    "{%- if message.role == 'assistant' and loop.last and message.reasoning_content %}"
-    "<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif -%}"
-    "{{ message.content }}<|im_end|>\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{%- else %}<think>\n{% endif -%}"
-    "{% endif -%}"
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}{% endif %}"
+    "{% if reasoning_effort is defined and reasoning_effort %}"
+    "{{ '<|im_start|>system\\nReasoning effort: ' + reasoning_effort + '<|im_end|>\\n' }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
+    "{% if message.role == 'assistant' and loop.last and message.reasoning_content %}"
+    "{{ '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{% endif %}"
+    "{{ message.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
 )
 
 # A response_template of the kind transformers reads (`tokenizer.response_template`), with markers of its own so
