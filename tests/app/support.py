@@ -15,7 +15,7 @@ from starlette.types import Message
 from tests.app.fake_engine import FakeEngine
 from transformers_openai.api.app import create_app
 from transformers_openai.api.state import Loader
-from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.context import Capability, ServingContext, VisionPrompts
 from transformers_openai.serving.tokenizer import TokenizerService
 from transformers_openai.settings import Settings
 
@@ -28,7 +28,8 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 BASE_URL = "http://localhost"
 
 
-def make_context(engine: FakeEngine, hf_tokenizer: Any) -> ServingContext:
+def make_context(engine: FakeEngine, hf_tokenizer: Any, vision: VisionPrompts | None = None) -> ServingContext:
+    """A text model's context; with `vision`, a vision-language model's (it reads images through `vision`)."""
     return ServingContext(
         engine=engine,
         tokenizer=TokenizerService(hf_tokenizer),
@@ -36,6 +37,8 @@ def make_context(engine: FakeEngine, hf_tokenizer: Any) -> ServingContext:
         model_aliases=frozenset({MODEL}),
         max_model_len=MAX_MODEL_LEN,
         model_kind="causal-lm",
+        capabilities=frozenset({Capability.TEXT, Capability.VISION} if vision else {Capability.TEXT}),
+        vision=vision,
     )
 
 

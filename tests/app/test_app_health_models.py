@@ -70,6 +70,7 @@ async def test_models_with_and_without_v1(client: httpx.AsyncClient) -> None:
         assert card["object"] == "model"
         assert isinstance(card["created"], int)
         assert card["max_model_len"] == MAX_MODEL_LEN
+        assert card["input_modalities"] == ["text"]
 
 
 async def test_get_one_model(client: httpx.AsyncClient) -> None:

@@ -28,6 +28,7 @@ from transformers_openai.protocol.tokenize import (
     TokenizeResponse,
 )
 from transformers_openai.serving.base import GenerationHandler
+from transformers_openai.serving.context import Capability
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
 from transformers_openai.serving.errors import ServiceUnavailableError
 
@@ -146,6 +147,22 @@ def _get(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Callable[...,
     return register
 
 
+# What each capability lets a client send, in the order cards list them.
+_MODALITIES = (
+    (Capability.TEXT, "text"),
+    (Capability.EMBEDDINGS, "text"),
+    (Capability.VISION, "image"),
+    (Capability.SPEECH, "audio"),
+)
+
+
+def _model_card(state: AppState) -> ModelCard:
+    """The served model's card, with the inputs it reads."""
+    capabilities = state.context().capabilities
+    modalities = list(dict.fromkeys(name for capability, name in _MODALITIES if capability in capabilities))
+    return state.model_card().model_copy(update={"input_modalities": modalities})
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
 
@@ -177,13 +194,13 @@ def build_router() -> APIRouter:
 
     @_get(router, "/models", responses=_ERRORS)
     async def list_models(request: Request) -> ModelList:
-        return ModelList(data=[_state(request).model_card()])
+        return ModelList(data=[_model_card(_state(request))])
 
     @_get(router, "/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
         state.context().check_model(model_id)
-        return state.model_card()
+        return _model_card(state)
 
     return router
 

@@ -26,6 +26,8 @@ class ModelCard(BaseModel):
     owned_by: str = "transformers-openai-api"
     max_model_len: int | None = None
     quantization: str | None = None  # how the served weights are quantized ("none" when they are not)
+    # What the model reads ("text", "image", "audio"), as vLLM's and OpenRouter's model cards say it.
+    input_modalities: list[str] | None = None
 
 
 class ModelList(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers_openai.protocol.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -35,10 +37,12 @@ class TokenizeHandler:
                 if self._tools is None:
                     raise BadRequestError("this model does not call tools", param="tools")
                 tools = self._tools.template_tools(request.tools)
-            messages = [message.for_template() for message in request.messages]
-            ids = await tokenizer.encode_chat(
-                messages, tools, request.add_generation_prompt, request.continue_final_message
-            )
+            ending = (request.add_generation_prompt, request.continue_final_message)
+            if any(message.images() for message in request.messages):
+                ids = await self._image_prompt(request, tools, ending)
+            else:
+                messages = [message.for_template() for message in request.messages]
+                ids = await tokenizer.encode_chat(messages, tools, *ending)
         strings = await tokenizer.token_strings(ids) if request.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=self.ctx.max_model_len, tokens=ids, token_strs=strings)
 
@@ -51,6 +55,15 @@ class TokenizeHandler:
                 f"token id {unknown[0]} is not in the vocabulary (ids go from 0 to {vocab - 1})", param="tokens"
             )
         return DetokenizeResponse(prompt=await self.ctx.tokenizer.decode(list(request.tokens)))
+
+    async def _image_prompt(
+        self, request: TokenizeChatRequest, tools: list[dict[str, Any]] | None, ending: tuple[bool, bool]
+    ) -> list[int]:
+        """A chat with images, as a vision-language model's processor renders it: each image's tokens counted."""
+        if self.ctx.vision is None:
+            raise BadRequestError(f"the model '{self.ctx.model_name}' does not read images", param="messages")
+        ids, _ = await self.ctx.vision.encode_chat(request.messages, tools, *ending)
+        return ids
 
     def _check_model(self, model: str | None) -> None:
         if model is not None:  # optional here, as in vLLM
