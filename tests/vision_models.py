@@ -26,6 +26,7 @@ VISION_CHAT_TEMPLATE = (
 )
 
 FAMILIES = ("llava", "llava-next", "idefics3")
+REVISION = "r2"  # part of the cached directory's name: a change to the builders builds anew
 TEXT_WIDTH = 64
 
 
@@ -35,6 +36,7 @@ def _tokenizer(extra: list[str]) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_llama(cache_root() / "tiny-llama"))
     tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    tokenizer.chat_template = VISION_CHAT_TEMPLATE  # a text-only chat renders as the processor renders it
     return tokenizer
 
 
@@ -183,7 +185,7 @@ BUILDERS = {"llava": build_tiny_llava, "llava-next": build_tiny_llava_next, "ide
 
 def tiny_vlm(family: str) -> Path:
     """The directory of the tiny checkpoint of `family` (one of `FAMILIES`), built on first use."""
-    return BUILDERS[family](cache_root() / f"tiny-{family}")
+    return BUILDERS[family](cache_root() / f"tiny-{family}-{REVISION}")
 
 
 if __name__ == "__main__":
