@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from transformers_openai.protocol.responses import OutputItem, OutputText, ResponseObject
+from transformers_openai.protocol.responses import OutputItem, OutputReasoningText, OutputText, ResponseObject
 
 
 class ResponseEvent(BaseModel):
@@ -34,7 +34,7 @@ class ContentPartEvent(ResponseEvent):
     item_id: str
     output_index: int
     content_index: int = 0
-    part: OutputText
+    part: OutputText | OutputReasoningText
 
 
 class TextDeltaEvent(ResponseEvent):
@@ -53,6 +53,22 @@ class TextDoneEvent(ResponseEvent):
     content_index: int = 0
     text: str
     logprobs: list[Any] = Field(default_factory=list)
+
+
+class ReasoningDeltaEvent(ResponseEvent):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int
+    content_index: int = 0
+    delta: str
+
+
+class ReasoningDoneEvent(ResponseEvent):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int
+    content_index: int = 0
+    text: str
 
 
 class ArgumentsDeltaEvent(ResponseEvent):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
@@ -13,6 +14,7 @@ from transformers_openai.protocol.tools import FunctionName
 # ---------------------------------------------------------------- input items
 
 _TEXT_PARTS = ("input_text", "output_text")
+_MESSAGE_PARTS = (*_TEXT_PARTS, "input_image")
 
 
 class ContentText(Tolerant):
@@ -24,32 +26,118 @@ class ContentText(Tolerant):
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 
-
-def _only_text(value: Any) -> Any:
-    if isinstance(value, list):
-        for part in value:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in _TEXT_PARTS:
-                raise ValueError(f"content parts of type {kind!r} are not supported; only 'input_text' parts are")
-    return value
+    def chat_part(self) -> dict[str, Any]:
+        return {"type": "text", "text": self.text}
 
 
-def _joined(content: str | list[ContentText]) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
+_NO_FILE_ID = "'input_image' parts with a 'file_id' are not supported (there is no file store): send 'image_url'"
+_NEEDS_URL = "an 'input_image' part needs 'image_url', a URL (a data: URL with the image in base64)"
+
+
+class InputImage(Tolerant):
+    """An image in an input message, as a URL (a `data:` URL, or one the server may fetch); the chat path reads it
+    as an `image_url` part, and a model that reads no images refuses it there."""
+
+    type: Literal["input_image"]
+    image_url: Text | None = None
+    file_id: Text | None = None
+    # "original" (OpenAI's full resolution) is read as "high": the model's processor decides the resolution.
+    detail: Literal["auto", "low", "high", "original"] | None = None
+
+    @model_validator(mode="after")
+    def _a_url(self) -> InputImage:
+        if self.file_id is not None:
+            raise ValueError(_NO_FILE_ID)
+        if self.image_url is None:
+            raise ValueError(_NEEDS_URL)
+        return self
+
+    def chat_part(self) -> dict[str, Any]:
+        detail = "high" if self.detail == "original" else self.detail
+        return {"type": "image_url", "image_url": {"url": self.image_url, "detail": detail}}
+
+
+def _parts_of(kinds: tuple[str, ...]) -> Any:
+    def check(value: Any) -> Any:
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in kinds:
+                    names = " and ".join(repr(k) for k in kinds)
+                    raise ValueError(f"content parts of type {kind!r} are not supported; only {names} parts are")
+                if kind == "input_image":
+                    _check_image(part)
+        return value
+
+    return check
+
+
+def _check_image(part: dict[str, Any]) -> None:
+    """Here, before the content's union is tried, so that the message says what is wrong with the image."""
+    if part.get("file_id") is not None:
+        raise ValueError(_NO_FILE_ID)
+    if not isinstance(part.get("image_url"), str):
+        raise ValueError(_NEEDS_URL)
+
+
+def _joined(content: str | Sequence[ContentText | InputImage]) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content if isinstance(p, ContentText))
+
+
+def _part_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "image" if kind == "input_image" else "text"
+
+
+MessagePart = Annotated[
+    Annotated[ContentText, Tag("text")] | Annotated[InputImage, Tag("image")], Discriminator(_part_kind)
+]
 
 
 class MessageItem(Tolerant):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Text | list[ContentText]
+    content: Text | list[MessagePart]
     id: Text | None = None
     status: Text | None = None
     phase: Text | None = None
 
-    _text_parts = field_validator("content", mode="before")(_only_text)
+    _known_parts = field_validator("content", mode="before")(_parts_of(_MESSAGE_PARTS))
 
     def text(self) -> str:
         return _joined(self.content)
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The content as a chat message holds it: the text, or its parts when it has images."""
+        if isinstance(self.content, str) or not any(isinstance(p, InputImage) for p in self.content):
+            return self.text()
+        return [part.chat_part() for part in self.content]
+
+
+class ReasoningText(Tolerant):
+    type: Literal["reasoning_text"]
+    text: Text
+
+
+class SummaryText(Tolerant):
+    type: Literal["summary_text"]
+    text: Text
+
+
+class ReasoningItem(Tolerant):
+    """An earlier thought, given back with the conversation: shown to the chat template as the assistant message's
+    `reasoning_content` (templates of reasoning models drop earlier thoughts themselves). `encrypted_content` is
+    never produced here and cannot be read: it is accepted and not shown."""
+
+    type: Literal["reasoning"]
+    id: Text | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: Text | None = None
+    status: Text | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or [])
 
 
 class FunctionCallItem(Tolerant):
@@ -72,7 +160,7 @@ class FunctionCallOutputItem(Tolerant):
     id: Text | None = None
     status: Text | None = None
 
-    _text_parts = field_validator("output", mode="before")(_only_text)
+    _text_parts = field_validator("output", mode="before")(_parts_of(_TEXT_PARTS))
 
     def text(self) -> str:
         return _joined(self.output)
@@ -87,10 +175,11 @@ def _item_kind(value: Any) -> str | None:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind),
 ]
-_ITEM_KINDS = frozenset({"message", "function_call", "function_call_output"})
+_ITEM_KINDS = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 
 
 # ---------------------------------------------------------------- tools, tool_choice and text format
@@ -135,11 +224,19 @@ class TextConfig(Strict):
         return value
 
 
+class ReasoningConfig(Strict):
+    """How much the model should think: `effort` goes to the chat template as `reasoning_effort` (the chat field's
+    values and checks); no summaries are generated, so `summary` is accepted and changes nothing."""
+
+    effort: Text | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # the older name of `summary`
+
+
 # ---------------------------------------------------------------- the request
 
 # Known fields this server does not implement, and why: a 400 naming them unless their value asks for nothing.
 _NOT_SUPPORTED: dict[str, str] = {
-    "reasoning": "this server runs no reasoning models",
     "background": "responses are generated while the request waits",
     "conversation": "conversations are not stored: use 'previous_response_id'",
     "prompt": "stored prompt templates are not supported",
@@ -221,8 +318,8 @@ class ResponsesRequest(Strict):
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
     service_tier: Text | None = None
+    reasoning: ReasoningConfig | None = None
     # Known OpenAI fields this server does not implement: a 400 naming them when used.
-    reasoning: dict[Text, Any] | None = None
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
@@ -252,8 +349,10 @@ class ResponsesRequest(Strict):
                 if kind not in _ITEM_KINDS:
                     raise ValueError(
                         f"input items of type {kind!r} are not supported; "
-                        "only 'message', 'function_call' and 'function_call_output' items are"
+                        "only 'message', 'function_call', 'function_call_output' and 'reasoning' items are"
                     )
+                if kind == "message" and isinstance(item, dict):  # its parts' errors, not the input union's
+                    _parts_of(_MESSAGE_PARTS)(item.get("content"))
         return value
 
     @field_validator("tools", mode="before")
@@ -307,7 +406,22 @@ class OutputFunctionCall(BaseModel):
     status: ItemStatus
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+class OutputReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    """The model's thought before its answer (a reasoning model's): its text, never a summary."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[OutputReasoningText]
+    status: ItemStatus
+
+
+OutputItem = Annotated[OutputReasoning | OutputMessage | OutputFunctionCall, Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):

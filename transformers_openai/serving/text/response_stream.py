@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any
 
-from transformers_openai.protocol import ChatCompletionChunk, DeltaToolCall
+from transformers_openai.protocol import ChatCompletionChunk, DeltaToolCall, Usage
 from transformers_openai.protocol.response_events import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
     ErrorEvent,
     OutputItemEvent,
+    ReasoningDeltaEvent,
+    ReasoningDoneEvent,
     ResponseEvent,
     ResponseStateEvent,
     TextDeltaEvent,
@@ -23,7 +26,10 @@ from transformers_openai.protocol.responses import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
+    OutputReasoningText,
     OutputText,
+    OutputTokensDetails,
     ResponseObject,
     ResponseUsage,
 )
@@ -47,6 +53,7 @@ class ResponseStream:
         self._on_finished = on_finished
         self._sequence = 0
         self._output: list[OutputItem] = []
+        self._reasoning: OutputReasoning | None = None  # the open reasoning item
         self._message: OutputMessage | None = None  # the open message item
         self._call: OutputFunctionCall | None = None  # the open function call item
         self._cut = False
@@ -76,7 +83,9 @@ class ResponseStream:
             async for chunk in self._chunks:
                 for event in self._read(chunk):
                     yield event
-            if not self._output and self._message is None and self._call is None:
+            if not any(isinstance(item, OutputMessage | OutputFunctionCall) for item in self._output) and (
+                self._message is None and self._call is None
+            ):
                 for event in self._open_message():  # an answer of no text is still a message
                     yield event
             for event in self._close():
@@ -89,17 +98,35 @@ class ResponseStream:
 
     def _read(self, chunk: ChatCompletionChunk) -> Iterator[ResponseEvent]:
         if chunk.usage is not None:
-            usage = chunk.usage
-            self._usage = ResponseUsage(
-                input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
-            )
+            self._usage = response_usage(chunk.usage)
         for choice in chunk.choices:
+            thought = reasoning_of(choice.delta)
+            if thought:
+                yield from self._thought(thought)
             if choice.delta.content:
                 yield from self._text(choice.delta.content)
             for call in choice.delta.tool_calls or []:
                 yield from self._call_piece(call)
             if choice.finish_reason is not None:
                 self._cut = choice.finish_reason == "length"
+
+    def _thought(self, delta: str) -> Iterator[ResponseEvent]:
+        if self._reasoning is None:
+            yield from self._close()
+            self._reasoning = OutputReasoning(id=f"rs_{uuid.uuid4().hex}", content=[], status="in_progress")
+            index = len(self._output)
+            item = self._reasoning.model_copy(deep=True)
+            yield self._numbered(OutputItemEvent(type="response.output_item.added", output_index=index, item=item))
+            part = OutputReasoningText(text="")
+            yield self._numbered(
+                ContentPartEvent(
+                    type="response.content_part.added", item_id=self._reasoning.id, output_index=index, part=part
+                )
+            )
+            self._reasoning.content.append(part.model_copy())
+        reasoning = self._reasoning
+        reasoning.content[0].text += delta
+        yield self._numbered(ReasoningDeltaEvent(item_id=reasoning.id, output_index=len(self._output), delta=delta))
 
     def _text(self, delta: str) -> Iterator[ResponseEvent]:
         if self._message is None:
@@ -150,6 +177,25 @@ class ResponseStream:
         """Ends the open item, if any, and adds it to the output."""
         index = len(self._output)
         status: ItemStatus = "incomplete" if self._cut else "completed"
+        if self._reasoning is not None:
+            reasoning, self._reasoning = self._reasoning, None
+            thought = reasoning.content[0]
+            yield self._numbered(ReasoningDoneEvent(item_id=reasoning.id, output_index=index, text=thought.text))
+            yield self._numbered(
+                ContentPartEvent(
+                    type="response.content_part.done",
+                    item_id=reasoning.id,
+                    output_index=index,
+                    part=thought.model_copy(),
+                )
+            )
+            reasoning.status = status
+            self._output.append(reasoning)
+            yield self._numbered(
+                OutputItemEvent(
+                    type="response.output_item.done", output_index=index, item=reasoning.model_copy(deep=True)
+                )
+            )
         if self._message is not None:
             message, self._message = self._message, None
             part = message.content[0]
@@ -185,3 +231,21 @@ class ResponseStream:
         event.sequence_number = self._sequence
         self._sequence += 1
         return event
+
+
+def reasoning_of(message: Any) -> str | None:
+    """The thought the chat path split from an answer (a message or a delta), if any."""
+    thought = getattr(message, "reasoning_content", None)
+    return thought if isinstance(thought, str) else None
+
+
+def response_usage(usage: Usage) -> ResponseUsage:
+    """Chat's usage as the Responses API counts it, the thought's tokens among the output's."""
+    details = getattr(usage, "completion_tokens_details", None)
+    reasoning = getattr(details, "reasoning_tokens", None) or 0
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
+        total_tokens=usage.total_tokens,
+    )

@@ -9,7 +9,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from transformers_openai.protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, StreamOptions
+from transformers_openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    StreamOptions,
+)
 from transformers_openai.protocol.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -19,10 +24,12 @@ from transformers_openai.protocol.responses import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
+    OutputReasoningText,
     OutputText,
+    ReasoningItem,
     ResponseObject,
     ResponsesRequest,
-    ResponseUsage,
 )
 from transformers_openai.protocol.text import ResponseFormat
 from transformers_openai.protocol.tools import ChosenFunction, FunctionDefinition, NamedToolChoice, Tool, ToolChoice
@@ -30,7 +37,7 @@ from transformers_openai.serving.disconnect import WaitDisconnect
 from transformers_openai.serving.errors import BadRequestError, NotFoundError
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.response_store import ResponseStore, StoredResponse
-from transformers_openai.serving.text.response_stream import ResponseStream
+from transformers_openai.serving.text.response_stream import ResponseStream, reasoning_of, response_usage
 
 # The chat request's fields as this endpoint names them, for the `param` of a 400.
 _PARAMS = {
@@ -38,6 +45,7 @@ _PARAMS = {
     "max_tokens": "max_output_tokens",
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
 }
 
 
@@ -118,6 +126,7 @@ class ResponsesHandler:
             tool_choice=_dumped(request.tool_choice) if request.tool_choice is not None else "auto",
             tools=[tool.model_dump(exclude_none=True) for tool in request.tools or []],
             user=request.user,
+            reasoning=request.reasoning.model_dump(exclude_none=True) if request.reasoning else None,
         )
 
     def _remember(
@@ -149,33 +158,70 @@ def instructions_messages(request: ResponsesRequest) -> list[ChatMessage]:
 
 
 def input_messages(items: str | list[InputItem], history: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """The input as chat messages: a model's calls join its assistant message, each output a tool message."""
+    """The input as chat messages: a model's thought and calls join its assistant message, each output a tool
+    message."""
     if isinstance(items, str):
         return [ChatMessage(role="user", content=items)]
     names = {call.id: call.function.name for m in history for call in m.tool_calls or []}
-    messages: list[ChatMessage] = []
+    messages: list[dict[str, Any]] = []
+    thought: ReasoningItem | None = None  # a thought whose answer has not come yet
     for item in items:
+        if thought is not None and not isinstance(item, ReasoningItem) and not _answers(item):
+            raise _lone_thought(thought)
+        thought = item if isinstance(item, ReasoningItem) else None
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if isinstance(item, MessageItem):
-            messages.append(ChatMessage(role=item.role, content=item.text()))
+            if item.role == "assistant" and last is not None and not last["content"] and not last.get("tool_calls"):
+                last["content"] = item.chat_content()  # the answer after its thought
+            else:
+                messages.append({"role": item.role, "content": item.chat_content()})
+        elif isinstance(item, ReasoningItem):
+            if last is not None and not last["content"] and not last.get("tool_calls"):
+                last["reasoning_content"] = last.get("reasoning_content", "") + item.text()
+            else:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": item.text()})
         elif isinstance(item, FunctionCallItem):
             names[item.call_id] = item.name
             call = {"id": item.call_id, "function": {"name": item.name, "arguments": item.arguments}}
-            last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
-                messages[-1] = ChatMessage.model_validate(
-                    {**_as_dict(last), "tool_calls": [*(_as_dict(last).get("tool_calls") or []), call]}
-                )
+            if last is not None:
+                last["tool_calls"] = [*last.get("tool_calls", []), call]
             else:
-                messages.append(ChatMessage.model_validate({"role": "assistant", "content": "", "tool_calls": [call]}))
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
             if item.call_id not in names:
                 raise BadRequestError(
                     f"No tool call found for function call output with call_id '{item.call_id}'.", param="input"
                 )
             messages.append(
-                ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id, name=names[item.call_id])
+                {"role": "tool", "content": item.text(), "tool_call_id": item.call_id, "name": names[item.call_id]}
             )
-    return messages
+    if thought is not None:
+        raise _lone_thought(thought)
+    return [_chat_message(message) for message in messages]
+
+
+def _answers(item: InputItem) -> bool:
+    return isinstance(item, FunctionCallItem) or (isinstance(item, MessageItem) and item.role == "assistant")
+
+
+def _lone_thought(item: ReasoningItem) -> BadRequestError:
+    """OpenAI's rule: a thought is given back with what the model answered after it."""
+    return BadRequestError(
+        f"Item '{item.id or 'reasoning'}' of type 'reasoning' was provided without its required following item "
+        "(the assistant message or function call that came after it).",
+        param="input",
+    )
+
+
+def _chat_message(message: dict[str, Any]) -> ChatMessage:
+    try:
+        return ChatMessage.model_validate(message)
+    except ValidationError as exc:  # e.g. an image part the chat protocol refuses
+        raise BadRequestError(_first_error(exc), param="input", code="invalid_value") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    return str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
 
 
 def _as_dict(message: ChatMessage) -> dict[str, Any]:
@@ -190,7 +236,11 @@ def output_messages(output: Sequence[OutputItem]) -> list[ChatMessage]:
         for item in output
         if isinstance(item, OutputFunctionCall)
     ]
-    return [ChatMessage.model_validate({"role": "assistant", "content": text, "tool_calls": calls or None})]
+    thought = "".join(part.text for item in output if isinstance(item, OutputReasoning) for part in item.content)
+    message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": calls or None}
+    if thought:
+        message["reasoning_content"] = thought  # for the template, which drops it in later turns
+    return [ChatMessage.model_validate(message)]
 
 
 def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> ChatCompletionRequest:
@@ -223,12 +273,13 @@ def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> C
             "stream_options": StreamOptions(include_usage=True) if request.stream else None,
             "user": request.user,
         }
+        if request.reasoning is not None and request.reasoning.effort is not None:
+            fields["reasoning_effort"] = request.reasoning.effort
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else None
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise BadRequestError(message, param=_PARAMS.get(field or "", field), code="invalid_value") from None
+        raise BadRequestError(_first_error(exc), param=_PARAMS.get(field or "", field), code="invalid_value") from None
 
 
 def _response_format(request: ResponsesRequest) -> ResponseFormat | None:
@@ -249,6 +300,10 @@ def finished_response(skeleton: ResponseObject, completion: ChatCompletionRespon
     cut = choice.finish_reason == "length"
     status: ItemStatus = "incomplete" if cut else "completed"
     output: list[OutputItem] = []
+    thought = reasoning_of(choice.message)
+    if thought:
+        content = [OutputReasoningText(text=thought)]
+        output.append(OutputReasoning(id=f"rs_{uuid.uuid4().hex}", content=content, status=status))
     calls = choice.message.tool_calls or []
     if choice.message.content or not calls:
         text = OutputText(text=choice.message.content or "")
@@ -263,8 +318,4 @@ def finished_response(skeleton: ResponseObject, completion: ChatCompletionRespon
             status=status,
         )
         output.append(item)
-    usage = completion.usage
-    counts = ResponseUsage(
-        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
-    )
-    return skeleton.concluded(output, cut, counts)
+    return skeleton.concluded(output, cut, response_usage(completion.usage))
