@@ -249,6 +249,32 @@ def test_image_features_are_encoded_together_across_a_steps_rows(families: dict[
     assert runner.prefill_cost({}) == 0
 
 
+def test_images_that_cannot_be_encoded_fail_their_request_alone(families: dict[str, Family]) -> None:
+    fam = family(families, "llava")
+    requests, expected = concurrent(fam)
+    good = [requests[i] for i in (0, 1, 3)]
+    broken = requests[6]
+    pixels = broken.encoder_inputs["pixel_values"]
+    bad = EngineRequest(
+        "bad", broken.prompt_token_ids, broken.params, {**broken.encoder_inputs, "pixel_values": pixels[:, :2]}
+    )
+    runner = VisionLMRunner(fam.model, max_rows=4, max_model_len=512, kv=fam.space(200))
+    core = EngineCore(runner, fam.processor.tokenizer, Scheduler(4, 16), frozenset())
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in good}
+    errors: dict[str, str] = {}
+    for request in [*good, bad]:
+        core.add(request)
+    while core.has_work():
+        for output in core.step():
+            if output.error is not None:
+                errors[output.request_id] = output.error
+            else:
+                tokens[output.request_id].extend(output.token_ids)
+    assert list(errors) == ["bad"] and "prefill failed" in errors["bad"]
+    assert tokens == {r.request_id: expected[r.request_id] for r in good}
+    assert not runner._features and core.kv.usage().blocks_used == 0 and core.slots.in_use == 0
+
+
 def test_the_same_tokens_share_blocks_only_with_the_same_images() -> None:
     manager = KVManager(KVPoolSpec(num_blocks=40, block_size=BLOCK))
     prompt = list(range(100, 121))
