@@ -66,7 +66,9 @@ class Generated:
         torch.set_num_threads(1)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.end_id = int(self.tokenizer.convert_tokens_to_ids(END))
+        end_id = self.tokenizer.convert_tokens_to_ids(END)
+        assert isinstance(end_id, int)
+        self.end_id = end_id
 
     def prompt(self, **variables: Any) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -123,17 +125,22 @@ def test_greedy_split_streamed_and_not_equals_splitting_generate(
     reasoning, _, content = text.partition(END)  # the prompt opened the thought; only the first marker ends it
     assert reasoning and content
     client = sync_client(think_server)
-    request: Any = {"model": "test-model", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
-    completion = client.chat.completions.create(**request, logit_bias=logit_bias)
+    # Float biases (OpenAI's client types them as integers; the API takes any number in [-100, 100]).
+    request: Any = {
+        "model": "test-model",
+        "messages": MESSAGES,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "extra_body": {"logit_bias": logit_bias},
+    }
+    completion = client.chat.completions.create(**request)
     message = completion.choices[0].message
     assert (message.model_extra or {}).get("reasoning_content") == reasoning
     assert (message.model_extra or {}).get("reasoning") == reasoning
     assert message.content == content
     assert completion.usage is not None and completion.usage.completion_tokens_details is not None
     assert completion.usage.completion_tokens_details.reasoning_tokens == thought_tokens
-    stream = client.chat.completions.create(
-        **request, logit_bias=logit_bias, stream=True, stream_options={"include_usage": True}
-    )
+    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
     assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
