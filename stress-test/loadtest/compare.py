@@ -2,7 +2,9 @@
 
 Endpoints (`--endpoint`): `completions` and `chat` (text models), `transcription` (Whisper: multipart uploads of
 the clips in `--audio-dir`, streamed, so time to first text is the first `transcript.text.delta`; throughput is
-seconds of audio transcribed per second of wall time).
+seconds of audio transcribed per second of wall time), `image-chat` (a vision-language model: streamed chats that
+each carry a JPEG of their own, 160x120 to 640x480 px, as a data URL; `requests_per_s` is image requests per
+second).
 
 Targets (`--target`, repeatable, or `all`):
 
@@ -17,6 +19,10 @@ Targets (`--target`, repeatable, or `all`):
   continuous-batching manager keeps the generation config of the first (warm-up) request.
 * `generate-loop`: in-process `model.generate()` (fp32, CPU, sdpa), one prompt (or clip) at a time; for a clip
   over 30 s, transformers' own sequential long-form `generate` on the whole feature sequence.
+
+For image chats, `transformers serve` runs without `--continuous-batching` (it falls back to one request at a time
+for image-text-to-text models, LLaVA's for one, and says so in its log), and the `generate` loop is
+`AutoModelForImageTextToText.generate` with the model's processor, image decoding included.
 
 For transcription, `transformers serve` runs without `--continuous-batching` (it serves audio one request at a
 time either way), non-streaming (it streams raw text, not events), and it drops the audio past 30 s: its figures
@@ -53,13 +59,19 @@ from typing import Any
 import httpx
 import numpy as np
 
+from loadtest import image_chat
 from loadtest.loadclient import Clip, StreamTimer, load_clips, send_transcription
 from loadtest.server import free_port, is_loopback, served_model, server_command, spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` only when asked for
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "transcription": "/v1/audio/transcriptions"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "image-chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "transcription": "/v1/audio/transcriptions",
+}
 DEFAULT_AUDIO = REPO_ROOT / "tests" / "data" / "audio"
 
 PROMPTS = [
@@ -109,6 +121,7 @@ class Row:
     errors: int = 0
     output_tokens: int = 0
     wall_s: float | None = None
+    requests_per_s: float | None = None
     output_tok_s: float | None = None
     audio_s_per_s: float | None = None
     ttft_p50_ms: float | None = None
@@ -132,6 +145,7 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
         note = f"first error: {errors[0]}"[:200]
     ttfts, itls = [r.ttft for r in good if r.ttft is not None], [g for r in good for g in r.itls]
     tok_s = round(tokens / wall, 2) if wall > 0 and tokens else None
+    per_s = round(len(good) / wall, 2) if wall > 0 and good else None
     audio = sum(r.audio_s for r in good)
     audio_rate = round(audio / wall, 2) if wall > 0 and audio else None
     ttft, e2e = (pct(ttfts, 50, 1e3), pct(ttfts, 99, 1e3), pct(ttfts, 100, 1e3)), pct([r.e2e for r in good], 50)
@@ -142,6 +156,7 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
         len(errors),
         tokens,
         round(wall, 3),
+        per_s,
         tok_s,
         audio_rate,
         *ttft,
@@ -157,7 +172,9 @@ def pick_prompts(n: int, seed: int) -> list[str]:
 
 
 def inputs(args: argparse.Namespace, n: int, seed: int) -> list[Any]:
-    """The prompts, or for transcription the clips, of one level."""
+    """The prompts, or for transcription the clips, or for image chats the questions and pictures, of one level."""
+    if args.endpoint == "image-chat":
+        return image_chat.pick(n, seed)
     return pick_clips(args.clips, n, seed) if args.endpoint == "transcription" else pick_prompts(n, seed)
 
 
@@ -174,7 +191,7 @@ def check_loopback(url: str) -> str:
 # ----------------------------------------------------------------------------- HTTP client
 
 
-def request_body(args: argparse.Namespace, target: str, model: str, prompt: str) -> dict[str, Any]:
+def request_body(args: argparse.Namespace, target: str, model: str, prompt: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": args.max_tokens,
@@ -184,6 +201,8 @@ def request_body(args: argparse.Namespace, target: str, model: str, prompt: str)
     }
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
+    elif args.endpoint == "image-chat":
+        body["messages"] = image_chat.messages(prompt)
     else:
         body["prompt"] = prompt
     if target == "transformers-serve":
@@ -238,7 +257,7 @@ async def closed_loop(
     args: argparse.Namespace, target: str, base: str, model: str, prompts: list[Any], conc: int, budget: float
 ) -> tuple[list[Result], float]:
     """Keep `conc` requests in flight until all prompts (or clips) are done; returns results and wall time."""
-    chat = args.endpoint == "chat"
+    chat = args.endpoint in ("chat", "image-chat")
     url = base + PATHS[args.endpoint]
     timeout = httpx.Timeout(args.request_timeout, connect=10.0)
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
@@ -285,7 +304,7 @@ def target_command(args: argparse.Namespace, target: str, port: int) -> list[str
     # transformers' own CLI entry point, run by this interpreter (its `transformers` script may not be on PATH)
     exe = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())"]
     flags = ["--device", args.device, "--dtype", args.dtype, "--log-level", "warning"]
-    if args.endpoint != "transcription":
+    if args.endpoint not in ("transcription", "image-chat"):
         flags.insert(0, "--continuous-batching")
     return [*exe, "serve", *flags, *listen, model]
 
@@ -331,7 +350,11 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
         results, wall = asyncio.run(closed_loop(args, target, base, model, prompts, conc, left))
         rows.append(summarize(target, conc, results, wall))
         row = rows[-1]
-        rate = f"{row.audio_s_per_s} audio s/s" if args.endpoint == "transcription" else f"{row.output_tok_s} tok/s"
+        rate = f"{row.output_tok_s} tok/s"
+        if args.endpoint == "transcription":
+            rate = f"{row.audio_s_per_s} audio s/s"
+        elif args.endpoint == "image-chat":
+            rate = f"{row.requests_per_s} image requests/s, TTFT p50 {row.ttft_p50_ms} ms"
         print(f"  {target} c={conc}: {rate}, errors={rows[-1].errors}", file=sys.stderr)
     return rows
 
@@ -342,6 +365,8 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
 def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
     if args.endpoint == "transcription":
         return bench_generate_speech(args, deadline)
+    if args.endpoint == "image-chat":
+        return bench_generate_images(args, deadline)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -379,6 +404,22 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
         results.append(run(prompt))
     wall = time.perf_counter() - start
     return [summarize("generate-loop", 1, results, wall, note)]
+
+
+def bench_generate_images(args: argparse.Namespace, deadline: float) -> list[Row]:
+    """A vision-language model's `generate` on one image chat at a time."""
+    run = image_chat.generate_loop(str(args.model), args.threads, args.max_tokens)
+    run(image_chat.pick(1, args.seed + 1)[0])  # warm-up
+    results: list[Result] = []
+    note = "sequential"
+    start = time.perf_counter()
+    for item in image_chat.pick(n_requests(args, 1), args.seed):
+        if time.monotonic() > deadline:
+            note = "sequential; stopped by run time limit"
+            break
+        seconds, tokens = run(item)
+        results.append(Result(True, seconds, tokens))
+    return [summarize("generate-loop", 1, results, time.perf_counter() - start, note)]
 
 
 def bench_generate_speech(args: argparse.Namespace, deadline: float) -> list[Row]:
@@ -484,7 +525,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
     add(
         "--endpoint",
-        choices=["completions", "chat", "transcription"],
+        choices=["completions", "chat", "transcription", "image-chat"],
         default="completions",
         help="(default: %(default)s)",
     )
