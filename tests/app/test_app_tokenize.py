@@ -114,6 +114,43 @@ async def test_the_end_of_a_rendered_chat_follows_the_flags(client: httpx.AsyncC
     assert_error(await client.post("/tokenize", json=both), 400)
 
 
+# Writes a line the variable `mood` chooses, after the messages.
+MOOD_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if mood is defined %}Mood: {{ mood }}\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture
+async def mood_client(fake: FakeEngine, hf_tokenizer: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A server whose template reads `mood`, set to 'calm' for every request unless the request says otherwise."""
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    context = replace(
+        make_context(fake, tokenizer),
+        tokenizer=TokenizerService(tokenizer, MOOD_TEMPLATE),
+        default_template_kwargs={"mood": "calm"},
+    )
+    async with running(make_app(fake, tokenizer, loader=lambda: context)) as ready:
+        yield ready
+
+
+async def test_template_variables_are_rendered_as_chat_renders_them(
+    mood_client: httpx.AsyncClient, fake: FakeEngine, hf_tokenizer: Any
+) -> None:
+    for variables in (None, {"mood": "stormy"}):
+        extra = {} if variables is None else {"chat_template_kwargs": variables}
+        counted = await mood_client.post("/tokenize", json={"messages": MESSAGES, **extra})
+        assert counted.status_code == 200, counted.text
+        response = await mood_client.post(CHAT, json=chat_body(messages=MESSAGES, max_tokens=1, **extra))
+        assert response.status_code == 200, response.text
+        assert counted.json()["tokens"] == fake.submitted[-1].prompt_token_ids
+        mood = "calm" if variables is None else "stormy"
+        assert f"Mood: {mood}" in hf_tokenizer.decode(counted.json()["tokens"])
+    refused = {"messages": MESSAGES, "chat_template_kwargs": {"add_generation_prompt": False}}
+    assert_error(await mood_client.post("/tokenize", json=refused), 400, "chat_template_kwargs.add_generation_prompt")
+
+
 async def test_detokenize_gives_the_text_back(client: httpx.AsyncClient, hf_tokenizer: Any) -> None:
     ids = hf_tokenizer.encode("The quick brown fox", add_special_tokens=False)
     response = await client.post("/v1/detokenize", json={"model": MODEL, "tokens": ids})

@@ -29,6 +29,7 @@ class TokenizeChatRequest(Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    chat_template_kwargs: dict[Text, Any] | None = None  # the template's variables, as chat takes them
 
     _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 

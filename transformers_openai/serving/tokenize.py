@@ -14,6 +14,7 @@ from transformers_openai.protocol.tokenize import (
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools
+from transformers_openai.serving.text.template_variables import RENDERING_ARGUMENTS
 
 
 class TokenizeHandler:
@@ -38,11 +39,12 @@ class TokenizeHandler:
                     raise BadRequestError("this model does not call tools", param="tools")
                 tools = self._tools.template_tools(request.tools)
             ending = (request.add_generation_prompt, request.continue_final_message)
+            variables = self._variables(request)
             if any(message.images() for message in request.messages):
-                ids = await self._image_prompt(request, tools, ending)
+                ids = await self._image_prompt(request, tools, ending, variables)
             else:
                 messages = [message.for_template() for message in request.messages]
-                ids = await tokenizer.encode_chat(messages, tools, *ending)
+                ids = await tokenizer.encode_chat(messages, tools, *ending, template_kwargs=variables)
         strings = await tokenizer.token_strings(ids) if request.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=self.ctx.max_model_len, tokens=ids, token_strs=strings)
 
@@ -57,13 +59,28 @@ class TokenizeHandler:
         return DetokenizeResponse(prompt=await self.ctx.tokenizer.decode(list(request.tokens)))
 
     async def _image_prompt(
-        self, request: TokenizeChatRequest, tools: list[dict[str, Any]] | None, ending: tuple[bool, bool]
+        self,
+        request: TokenizeChatRequest,
+        tools: list[dict[str, Any]] | None,
+        ending: tuple[bool, bool],
+        variables: dict[str, Any],
     ) -> list[int]:
         """A chat with images, as a vision-language model's processor renders it: each image's tokens counted."""
         if self.ctx.vision is None:
             raise BadRequestError(f"the model '{self.ctx.model_name}' does not read images", param="messages")
-        ids, _ = await self.ctx.vision.encode_chat(request.messages, tools, *ending)
+        ids, _ = await self.ctx.vision.encode_chat(request.messages, tools, *ending, template_kwargs=variables)
         return ids
+
+    def _variables(self, request: TokenizeChatRequest) -> dict[str, Any]:
+        """The template's variables as chat renders with them: the server's defaults, then the request's own."""
+        own = request.chat_template_kwargs or {}
+        for key in own:
+            if key in RENDERING_ARGUMENTS:
+                raise BadRequestError(
+                    f"chat_template_kwargs cannot set '{key}': it is an argument of the template's rendering",
+                    param=f"chat_template_kwargs.{key}",
+                )
+        return {**self.ctx.default_template_kwargs, **own}
 
     def _check_model(self, model: str | None) -> None:
         if model is not None:  # optional here, as in vLLM

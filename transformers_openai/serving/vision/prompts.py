@@ -16,16 +16,13 @@ from PIL import Image
 
 from transformers_openai.protocol.text import ChatMessage, ImagePart
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.text.template_variables import RENDERING_ARGUMENTS
 from transformers_openai.serving.vision.fetch import MediaFetcher
 from transformers_openai.serving.vision.images import DATA_PREFIX, data_url_bytes, decode_image, image_digest
 from transformers_openai.serving.vision.limits import ImageLimits
 
 # Processors' outputs the engine takes as the prompt itself, not as inputs for the image encoder.
 _TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
-# Arguments of the template call that a request's template variables may not replace.
-_RESERVED_KWARGS = frozenset(
-    {"conversation", "chat_template", "tools", "add_generation_prompt", "continue_final_message", "tokenize"}
-)
 DEFAULT_WORKERS = 2
 
 
@@ -77,7 +74,7 @@ class ProcessorPrompts:
         chat = [ChatMessage.model_validate(m) if not isinstance(m, ChatMessage) else m for m in messages]
         sources = await self._sources(chat)
         rendered = [message.for_template(images=True) for message in chat]
-        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
+        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RENDERING_ARGUMENTS}
         kwargs.update(
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
