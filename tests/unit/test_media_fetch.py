@@ -49,10 +49,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"no")
 
     def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a fetch that timed out has gone
 
     def log_message(self, *args: object) -> None:
         pass
