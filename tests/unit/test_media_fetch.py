@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +161,44 @@ async def test_failed_fetches_name_their_cause(port: int) -> None:
     assert "HTTP 404" in await refused(fetcher, f"http://127.0.0.1:{port}/missing")
     assert "could not be resolved" in await refused(fetcher, "http://no-such-host.invalid/image")
     assert "fetching the image failed" in await refused(fetcher, f"http://127.0.0.1:{closed_port()}/image")
+
+
+def _certificate(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for `name` and its key (openssl, one day)."""
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}"]
+        + ["-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """An https server on 127.0.0.1 whose certificate names 'localhost'; yields its port and the certificate."""
+    cert, key = _certificate(tmp_path_factory.mktemp("tls"), "localhost")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1]), cert
+    server.shutdown()
+    server.server_close()
+
+
+async def test_https_connects_to_the_checked_address_and_verifies_the_name(tls_port: tuple[int, Path]) -> None:
+    port, cert = tls_port
+    trusted = ssl.create_default_context(cafile=str(cert))
+    limits = ImageLimits(allowed_domains=frozenset({"localhost", "127.0.0.1"}), allow_private=True)
+    # Connected to 127.0.0.1, the certificate is checked against the name in the URL (SNI and verification).
+    assert await MediaFetcher(limits, tls=trusted).fetch(f"https://localhost:{port}/image", PARAM) == BODY
+    # The same server by its address: the certificate does not name it.
+    assert "fetching the image failed" in await refused(
+        MediaFetcher(limits, tls=trusted), f"https://127.0.0.1:{port}/image"
+    )
+    # A certificate no trusted authority signed.
+    assert "fetching the image failed" in await refused(MediaFetcher(limits), f"https://localhost:{port}/image")

@@ -28,11 +28,16 @@ class MediaFetcher:
     redirects included, has `fetch_timeout` seconds. No proxy from the environment is used: it would connect for us.
     """
 
-    def __init__(self, limits: ImageLimits, public: Callable[[IPAddress], bool] | None = None) -> None:
+    def __init__(
+        self,
+        limits: ImageLimits,
+        public: Callable[[IPAddress], bool] | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.limits = limits
         self._public = public or is_public  # which addresses count as public (tests stand in their own)
         # Built once: loading the CA bundle takes a while, which a request must not spend on the event loop.
-        self._tls = ssl.create_default_context(cafile=certifi.where())
+        self._tls = tls or ssl.create_default_context(cafile=certifi.where())
 
     async def fetch(self, url: str, param: str) -> bytes:
         """The URL's body; any refusal or failure is a 400 naming `param`."""
