@@ -5,12 +5,14 @@ equals splitting what `model.generate` writes with the same bias, and LiteLLM's 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -183,3 +185,38 @@ def test_litellm_hosted_vllm_returns_the_reasoning(
     )
     assert response.choices[0].message.reasoning_content == reasoning
     assert response.choices[0].message.content == content
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"sum": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["sum"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_answer_and_a_forced_call_follow_the_thought(
+    think_server: ServerProcess, biased: tuple[dict[str, float], str, int]
+) -> None:
+    """The grammar lets the model think (free text up to `</think>`), then holds the answer to the schema."""
+    logit_bias, _, _ = biased
+    client = sync_client(think_server)
+    request: Any = {"model": "test-model", "messages": MESSAGES, "max_tokens": 80, "temperature": 0}
+    schema_format: Any = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+    completion = client.chat.completions.create(
+        **request, response_format=schema_format, extra_body={"logit_bias": logit_bias}
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert (choice.message.model_extra or {}).get("reasoning_content")
+    assert jsonschema.validate(json.loads(choice.message.content or ""), ANSWER_SCHEMA) is None
+    weather = {**ANSWER_SCHEMA, "properties": {"city": {"enum": ["Paris"]}}, "required": ["city"]}
+    tool: Any = {"type": "function", "function": {"name": "get_weather", "parameters": weather}}
+    called = client.chat.completions.create(
+        **request, tools=[tool], tool_choice="required", extra_body={"logit_bias": logit_bias}
+    ).choices[0]
+    assert called.finish_reason == "tool_calls", called
+    assert (called.message.model_extra or {}).get("reasoning_content")
+    (call,) = called.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
