@@ -17,6 +17,7 @@ import pytest
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.vision.fetch import IPAddress, MediaFetcher, is_public
 from transformers_openai.serving.vision.limits import ImageLimits
+from transformers_openai.settings import Settings
 
 PARAM = "messages.0.content.1"
 BODY = b"\x89PNG not really, but bytes" * 10
@@ -202,3 +203,22 @@ async def test_https_connects_to_the_checked_address_and_verifies_the_name(tls_p
     )
     # A certificate no trusted authority signed.
     assert "fetching the image failed" in await refused(MediaFetcher(limits), f"https://localhost:{port}/image")
+
+
+def test_limits_come_from_the_settings() -> None:
+    settings = Settings(
+        model="m",
+        limit_mm_per_prompt=3,
+        max_image_pixels=5000,
+        max_image_bytes=4096,
+        allowed_media_domains=["Images.Example.com.", " cdn.example.org", ""],
+        allow_private_media_urls=True,
+        media_fetch_timeout=2.5,
+    )
+    limits = ImageLimits.from_settings(settings)
+    assert (limits.max_images, limits.max_pixels, limits.max_bytes) == (3, 5000, 4096)
+    assert limits.allowed_domains == {"images.example.com", "cdn.example.org"}
+    assert limits.allow_private and limits.fetch_timeout == 2.5
+    assert limits.allows_host("IMAGES.example.com.") and not limits.allows_host("evil.example.com")
+    assert not ImageLimits.from_settings(Settings(model="m")).allowed_domains  # none by default
+    assert ImageLimits(allowed_domains=frozenset({"*"})).allows_host("anything.example")

@@ -32,7 +32,9 @@ class ImageLimits:
             max_images=settings.limit_mm_per_prompt,
             max_pixels=settings.max_image_pixels,
             max_bytes=settings.max_image_bytes,
-            allowed_domains=frozenset(domain.strip().lower() for domain in settings.allowed_media_domains),
+            allowed_domains=frozenset(
+                d.strip().lower().rstrip(".") for d in settings.allowed_media_domains if d.strip()
+            ),
             allow_private=settings.allow_private_media_urls,
             fetch_timeout=settings.media_fetch_timeout,
         )
