@@ -305,3 +305,15 @@ async def test_the_reasoning_parser_setting(fake: FakeEngine, hf_tokenizer: Any,
         else {"role": "assistant", "content": "".join(THOUGHT_PIECES)}
     )
     assert message == expected()
+
+
+async def test_special_token_markers_are_kept_in_the_decoded_text(fake: FakeEngine, hf_tokenizer: Any) -> None:
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    fake.script = Script(pieces=THOUGHT_PIECES)
+    async with _served(_context(fake, tokenizer)) as client:
+        message = (await client.post(CHAT, json=chat_body())).json()["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+        assert (await client.post(CHAT, json=chat_body(separate_reasoning=False))).status_code == 200
+    split, unsplit = (request.params.skip_special_tokens for request in fake.submitted)
+    assert not split and unsplit
