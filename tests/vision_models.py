@@ -180,12 +180,82 @@ def build_tiny_idefics3(dest: Path, seed: int = 0) -> Path:
     return _save(dest, Idefics3ForConditionalGeneration(config), processor)
 
 
+@built_once
+def build_tiny_qwen2_vl(dest: Path, seed: int = 0) -> Path:
+    """Qwen2-VL's shape (multimodal rotary positions, M-RoPE): a 2-layer tower on patches of 14 px merged 2x2, images
+    resized to 56-112 px. Saved with its tokenizer and image processor but no processor: transformers' Qwen2-VL
+    processor needs a video processor, which needs torchvision (`qwen2_vl_inputs` does the processor's work)."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _tokenizer(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
+    text = _text_config(tokenizer).to_dict()
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    vision = {
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": TEXT_WIDTH,
+        "num_heads": 4,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+        vision_end_token_id=tokenizer.convert_tokens_to_ids("<|vision_end|>"),
+    )
+    image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    image_processor.save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
+def qwen2_vl_inputs(tokenizer: Any, image_processor: Any, images: list[Any], text: str) -> dict[str, Any]:
+    """What Qwen2-VL's processor makes of one user message of `images` then `text`: the image processor's tensors,
+    the prompt with each image's pad token repeated once per merged patch, and the tokens' types (1: image)."""
+    import torch
+
+    pads = []
+    tensors: dict[str, Any] = {}
+    if images:
+        tensors = dict(image_processor(images=images, return_tensors="pt"))
+        pads = (tensors["image_grid_thw"].prod(-1) // 4).tolist()
+    vision = "".join("<|vision_start|>" + "<|image_pad|>" * count + "<|vision_end|>" for count in pads)
+    prompt = f"<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    types = (ids == image_token).to(torch.int)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": types, **tensors}
+
+
 BUILDERS = {"llava": build_tiny_llava, "llava-next": build_tiny_llava_next, "idefics3": build_tiny_idefics3}
 
 
 def tiny_vlm(family: str) -> Path:
     """The directory of the tiny checkpoint of `family` (one of `FAMILIES`), built on first use."""
     return BUILDERS[family](cache_root() / f"tiny-{family}-{REVISION}")
+
+
+def tiny_qwen2_vl() -> Path:
+    """The directory of the tiny Qwen2-VL (model, tokenizer and image processor: see `build_tiny_qwen2_vl`)."""
+    return build_tiny_qwen2_vl(cache_root() / f"tiny-qwen2-vl-{REVISION}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
+from transformers_openai.runners.mrope import MROPE_TYPES, rope_index
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.steps.paged_step import StepExecutor
 from transformers_openai.runners.steps.step_store import has_cxx_compiler, private_store
@@ -97,10 +98,10 @@ def vision_model_problem(model: PreTrainedModel, device_map: str | None) -> str 
     name = type(model).__name__
     if device_map:
         return f"--device-map does not serve vision-language models ({name}): load it on one device"
-    if any(hasattr(module, "get_rope_index") for module in (model, getattr(model, "model", None))):
+    if rope_index(model) is not None and model.config.model_type not in MROPE_TYPES:
         return (
-            f"{name} places image tokens with multimodal position ids (M-RoPE), which this server does not compute "
-            "yet: LLaVA, LLaVA-NeXT and Idefics3/SmolVLM-style models are served"
+            f"{name} places image tokens with multimodal position ids of its own, which this server does not compute "
+            f"yet: of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served"
         )
     if "token_type_ids" in inspect.signature(model.forward).parameters:
         return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"

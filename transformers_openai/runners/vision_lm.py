@@ -5,7 +5,8 @@ language model reads token ids. A prefill chunk with image tokens runs from inpu
 embeddings with its own image features (`get_image_features`) written at the image token's places, as its forward
 merges them, over the same paged K/V pool. Chunked prefill and a cached prefix may cut the prompt inside an image's
 tokens, so a request's image features are computed once, kept for its row until its prompt is in, and each chunk takes
-the ones its image tokens stand for.
+the ones its image tokens stand for. A model with multimodal positions (M-RoPE: `mrope.py`) runs every chunk and decode
+step of a request with images at those positions.
 """
 
 from __future__ import annotations
@@ -13,14 +14,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from transformers_openai.runners.base import Acceleration, PrefillOutput, PrefillRow, Prepared, Step, StepOutput
+from transformers_openai.runners.base import (
+    Acceleration,
+    DecodeRow,
+    PrefillOutput,
+    PrefillRow,
+    Prepared,
+    Step,
+    StepOutput,
+)
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
+from transformers_openai.runners.mrope import MultimodalPositions
 from transformers_openai.runners.prefill_groups import length_groups
 from transformers_openai.runners.steps.paged_step import PagedStep
 
@@ -28,13 +39,19 @@ logger = logging.getLogger(__name__)
 
 # What a request's encoder inputs carry beside the processor's tensors (the serving side adds them).
 IMAGE_DIGEST, IMAGE_COUNT = "image_digest", "images"
+# Processor outputs that describe the prompt's tokens, not its images.
+TOKEN_TENSORS = frozenset({"mm_token_type_ids"})
 
 
 def image_tensors(encoder_inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The processor's image tensors of a request (`pixel_values`, `image_sizes`, ...); empty without images."""
     if not encoder_inputs.get(IMAGE_COUNT):
         return {}
-    return {key: value for key, value in encoder_inputs.items() if isinstance(value, torch.Tensor)}
+    return {
+        key: value
+        for key, value in encoder_inputs.items()
+        if isinstance(value, torch.Tensor) and key not in TOKEN_TENSORS
+    }
 
 
 class VisionLMRunner(CausalLMRunner):
@@ -59,6 +76,7 @@ class VisionLMRunner(CausalLMRunner):
         vision = getattr(model.config, "vision_config", None)
         self._patch = int(getattr(vision, "patch_size", 0) or 0)
         self._features: dict[int, torch.Tensor] = {}  # slot -> its request's image features `[features, hidden]`
+        self._mrope = MultimodalPositions.of(model, self.image_token)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         """As a decoder's, but neither tensor parallelism (the loader refuses it) nor, on a CPU, the compiled decode
@@ -70,9 +88,26 @@ class VisionLMRunner(CausalLMRunner):
             acceleration = replace(acceleration, compiled=False)
         return super().prepare(acceleration)
 
+    def fix_steps(
+        self,
+        graphs: bool,
+        buckets: bool | None = None,
+        compiled: bool = False,
+        prefills: bool = True,
+        store: Path | None = None,
+    ) -> bool:
+        """As a decoder's, except for a model with multimodal positions: its decode steps place each row at its own
+        offset, which the fixed steps do not take (they run eagerly)."""
+        if self._mrope is not None:
+            logger.info("multimodal positions (M-RoPE): steps run eagerly")
+            return False
+        return super().fix_steps(graphs, buckets, compiled, prefills, store)
+
     def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
         """The vision tower's work in prompt-token units: one per patch of every image tile it reads."""
         pixels = image_tensors(encoder_inputs).get("pixel_values")
+        if pixels is not None and pixels.dim() == 2:  # already cut into patches, one a row (Qwen2-VL)
+            return int(pixels.shape[0])
         if pixels is None or pixels.dim() < 3 or not self._patch:
             return 0
         channels = int(pixels.shape[-3])
@@ -101,14 +136,26 @@ class VisionLMRunner(CausalLMRunner):
         return StepOutput(prefills, slots, logits)
 
     def _forget_done(self, rows: Sequence[PrefillRow]) -> None:
-        """A prompt all in needs its image features no more."""
+        """A prompt all in needs its image features (and prompt positions) no more."""
         for row in rows:
             if row.last:
                 self._features.pop(row.slot, None)
+                if self._mrope is not None:
+                    self._mrope.prompt_done(row.slot)
 
     def _needs_features(self, row: PrefillRow) -> bool:
-        """Whether this chunk holds image tokens of a request with images (a chunk of text only runs as text)."""
-        return bool(row.encoder_inputs.get(IMAGE_COUNT)) and self.image_token in row.tokens
+        """Whether this chunk runs from embeddings: it holds image tokens of a request with images, or, with
+        multimodal positions, it is any chunk of such a request (a chunk of text only otherwise runs as text)."""
+        if not row.encoder_inputs.get(IMAGE_COUNT):
+            return False
+        return self._mrope is not None or self.image_token in row.tokens
+
+    def _decode(self, rows: Sequence[DecodeRow]) -> tuple[list[int], torch.Tensor]:
+        positions = self._mrope.decode(rows) if self._mrope is not None else None
+        if positions is None:
+            return super()._decode(rows)
+        logits = self._paged.forward([(row.table, [row.token]) for row in rows], 1, positions)
+        return [row.slot for row in rows], logits[:, -1].float()
 
     def _prefill_merged(self, rows: Sequence[PrefillRow]) -> list[PrefillOutput | Exception]:
         """Chunks with image tokens: their requests' features (encoded together where they stack), then their
@@ -129,7 +176,10 @@ class VisionLMRunner(CausalLMRunner):
         for group in groups:
             keep = 0 if rows[group[0]].score else 1
             try:
-                logits = self._paged.forward_embeds([(rows[i].table, embeds[i]) for i in group], keep)
+                positions = None
+                if self._mrope is not None:
+                    positions = self._mrope.prefill([rows[i] for i in group], max(len(embeds[i]) for i in group))
+                logits = self._paged.forward_embeds([(rows[i].table, embeds[i]) for i in group], keep, positions)
             except Exception as exc:
                 if len(group) == 1:
                     outcomes[group[0]] = exc
@@ -145,7 +195,7 @@ class VisionLMRunner(CausalLMRunner):
         of requests whose image tensors stack; returns the rows that failed."""
         pending: dict[tuple[Any, ...], list[int]] = {}
         for i, row in enumerate(rows):
-            if row.slot not in self._features:
+            if row.slot not in self._features and self.image_token in row.tokens:
                 tensors = image_tensors(row.encoder_inputs)
                 shape = tuple(sorted((key, tuple(value.shape[1:]), value.dtype) for key, value in tensors.items()))
                 pending.setdefault(shape, []).append(i)
@@ -195,11 +245,13 @@ class VisionLMRunner(CausalLMRunner):
         """The chunk's input embeddings `[tokens, hidden]`: its tokens' own, the image tokens' replaced by the
         features they stand for (counted from the prompt's start; image tokens past the features, which only a
         generated token can be, keep their own embedding, as in the model's `generate`)."""
-        features = self._features[row.slot]
-        start = row.table.length
-        before = sum(1 for token in row.prompt[:start] if token == self.image_token)
         tokens = torch.tensor(row.tokens, device=self.device)
         embeds: torch.Tensor = self._embed(tokens)
+        features = self._features.get(row.slot)
+        if features is None:  # a chunk of text (encoded otherwise: its image tokens made sure of that)
+            return embeds
+        start = row.table.length
+        before = sum(1 for token in row.prompt[:start] if token == self.image_token)
         places = (tokens == self.image_token).nonzero()[:, 0]
         taken = features[before : before + len(places)]
         if start + len(row.tokens) == len(row.prompt) and before + len(places) < len(features):
@@ -212,4 +264,6 @@ class VisionLMRunner(CausalLMRunner):
 
     def release(self, slot: int) -> None:
         self._features.pop(slot, None)
+        if self._mrope is not None:
+            self._mrope.release(slot)
         super().release(slot)

@@ -58,13 +58,16 @@ class PagedStep:
     def _eager_kernels(self) -> AbstractContextManager[Any]:
         return sdpa_kernel(EAGER_CUDA_ATTENTION) if self.cache.device.type == "cuda" else nullcontext()
 
-    def forward(self, rows: StepRows, keep: int) -> torch.Tensor:
+    def forward(self, rows: StepRows, keep: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions`, when given, replace the rows' own (`[3, rows, queries]` multimodal ones, left-padded)."""
         plan = self.cache.plan([(table, len(tokens)) for table, tokens in rows])
         padding = [0] * plan.queries  # rows right-aligned: a row with fewer new tokens is padded on the left
         input_ids = torch.tensor([padding[len(tokens) :] + list(tokens) for _, tokens in rows], dtype=torch.long)
-        return self._run(plan, keep, input_ids=input_ids.to(self.cache.device))
+        return self._run(plan, keep, positions, input_ids=input_ids.to(self.cache.device))
 
-    def forward_embeds(self, rows: Sequence[tuple[BlockTable, torch.Tensor]], keep: int) -> torch.Tensor:
+    def forward_embeds(
+        self, rows: Sequence[tuple[BlockTable, torch.Tensor]], keep: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """As `forward`, each row's new positions given as input embeddings `[tokens, hidden]` (on the cache's
         device) instead of token ids: a vision-language model's prompt with its image features merged in."""
         plan = self.cache.plan([(table, len(embeds)) for table, embeds in rows])
@@ -72,14 +75,14 @@ class PagedStep:
         inputs = first.new_zeros(len(rows), plan.queries, first.shape[-1])  # left padding reads zeros
         for i, (_, embeds) in enumerate(rows):
             inputs[i, plan.queries - len(embeds) :] = embeds
-        return self._run(plan, keep, inputs_embeds=inputs)
+        return self._run(plan, keep, positions, inputs_embeds=inputs)
 
-    def _run(self, plan: StepPlan, keep: int, **inputs: torch.Tensor) -> torch.Tensor:
+    def _run(self, plan: StepPlan, keep: int, positions: torch.Tensor | None, **inputs: torch.Tensor) -> torch.Tensor:
         cache = self.cache
         with cache.running(plan), self._eager_kernels():
             out = self.model(
                 **inputs,
-                position_ids=plan.positions,
+                position_ids=plan.positions if positions is None else positions.to(cache.device),
                 attention_mask=plan.mask if self._placeholder_mask is None else self._placeholder_mask,
                 use_cache=True,
                 logits_to_keep=keep,
