@@ -189,9 +189,11 @@ def test_prefill_chunks_cut_inside_images_equal_generate_alone(families: dict[st
     cuts: list[int] = []
     forward = runner._paged.forward_embeds
 
-    def counted(rows: Sequence[tuple[BlockTable, torch.Tensor]], keep: int) -> torch.Tensor:
+    def counted(
+        rows: Sequence[tuple[BlockTable, torch.Tensor]], keep: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         cuts.extend(len(embeds) for _, embeds in rows)
-        return forward(rows, keep)
+        return forward(rows, keep, positions)
 
     runner._paged.forward_embeds = counted  # type: ignore[method-assign]
     core = EngineCore(runner, fam.processor.tokenizer, Scheduler(4, 16, max_prefill_tokens=7), frozenset())
