@@ -7,6 +7,7 @@ import io
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -57,6 +58,30 @@ def test_transparent_pixels_become_white() -> None:
     image = decode_image(encoded(picture, "PNG"), LIMITS, PARAM)
     assert image.getpixel((3, 3)) == (255, 255, 255)
     assert image.getpixel((0, 0)) == (10, 20, 30)
+
+
+@pytest.mark.parametrize(
+    ("picture", "fmt", "pixel"),
+    [
+        (Image.fromarray(np.full((4, 4), 40000, dtype=np.uint16)), "PNG", (156, 156, 156)),  # 16-bit: scaled
+        (Image.new("CMYK", (4, 4), (0, 255, 255, 0)), "JPEG", (255, 0, 0)),
+        (Image.new("LA", (4, 4), (100, 255)), "PNG", (100, 100, 100)),
+        (Image.new("1", (4, 4), 1), "PNG", (255, 255, 255)),
+        (Image.new("L", (4, 4), 7), "PNG", (7, 7, 7)),
+    ],
+    ids=["png-16-bit", "jpeg-cmyk", "png-grey-alpha", "png-1-bit", "png-grey"],
+)
+def test_other_modes_become_rgb(picture: Image.Image, fmt: str, pixel: tuple[int, int, int]) -> None:
+    image = decode_image(encoded(picture, fmt), LIMITS, PARAM)
+    assert image.mode == "RGB"
+    found = image.getpixel((1, 1))
+    assert isinstance(found, tuple) and all(abs(a - b) <= 2 for a, b in zip(found, pixel, strict=True)), found
+
+
+def test_animated_webp_gives_its_first_frame() -> None:
+    frames = [Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 255))]
+    data = encoded(frames[0], "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    assert decode_image(data, LIMITS, PARAM).getpixel((4, 4)) == (255, 0, 0)
 
 
 def test_data_url_of_other_media_type_or_without_base64_is_refused() -> None:

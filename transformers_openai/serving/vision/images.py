@@ -8,6 +8,7 @@ import hashlib
 import io
 from collections.abc import Sequence
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from transformers_openai.serving.errors import BadRequestError
@@ -79,9 +80,13 @@ def image_digest(images: Sequence[Image.Image]) -> str:
 
 
 def _rgb(image: Image.Image) -> Image.Image:
-    """Transparent pixels become white (as on a page), not the black a plain conversion gives."""
+    """Transparent pixels become white (as on a page), not the black a plain conversion gives; 16-bit grey is scaled
+    to 8 bits, not clipped at 255 as Pillow's conversion does."""
     if image.mode == "RGB":
         return image
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        values = np.asarray(image).astype(np.int64)
+        return Image.fromarray((values >> 8).clip(0, 255).astype(np.uint8), "L").convert("RGB")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         canvas = Image.new("RGBA", image.size, (255, 255, 255, 255))
         canvas.alpha_composite(image.convert("RGBA"))
