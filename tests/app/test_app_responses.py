@@ -304,7 +304,7 @@ async def test_metadata_is_bounded_as_openai_bounds_it(client: httpx.AsyncClient
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "get_time"}, "tools": [WEATHER]}, "tool_choice"),
@@ -317,9 +317,12 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),  # a thought without its answer
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
     ({"input": []}, "input"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),  # no vision
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"max_output_tokens": 5000}, "max_output_tokens"),
     ({"seed": 1}, "seed"),
