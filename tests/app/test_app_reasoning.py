@@ -225,6 +225,7 @@ async def test_reasoning_effort_reaches_the_template(
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
         ({"chat_template_kwargs": {"reasoning_effort": "extreme"}}, "chat_template_kwargs.reasoning_effort"),
         ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"notes": ["ok", {"deep": "\ud800"}]}}, "chat_template_kwargs"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort"),
         ({"reasoning_effort": 3}, "reasoning_effort"),
         ({"include_reasoning": "no"}, "include_reasoning"),
@@ -234,7 +235,10 @@ async def test_reasoning_effort_reaches_the_template(
 async def test_wrong_thinking_controls_are_a_400_naming_them(
     client: httpx.AsyncClient, fake: FakeEngine, fields: dict[str, Any], param: str
 ) -> None:
-    assert_error(await client.post(CHAT, json=chat_body(**fields)), 400, param=param)
+    # ensure_ascii: a lone surrogate travels as the escape "\ud800"
+    raw = json.dumps(chat_body(**fields)).encode()
+    response = await client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert_error(response, 400, param=param)
     assert not fake.submitted
 
 

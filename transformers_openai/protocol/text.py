@@ -410,6 +410,25 @@ class ChatCompletionRequest(_SamplingRequest):
     )(_reject_unsupported)
     _one_ending = field_validator("continue_final_message")(one_prompt_ending)
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The variables' strings reach the prompt's text: valid Unicode, as every string of a request."""
+        pending: list[Any] = [value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, str) and not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("contains invalid Unicode (a lone surrogate)") from None
+            elif isinstance(item, dict):
+                pending.extend(item.keys())
+                pending.extend(item.values())
+            elif isinstance(item, list):
+                pending.extend(item)
+        return value
+
     @field_validator("tools")
     @classmethod
     def _distinct_tool_names(cls, value: list[Tool] | None) -> list[Tool] | None:
