@@ -212,3 +212,12 @@ def test_a_response_template_reads_the_prompt_for_an_opened_thought(think_tokeni
         "thought",
         "answer",
     )
+
+
+def test_a_long_thought_being_continued_is_found_in_the_prompt(think_tokenizer: Any) -> None:
+    """Markers as text are looked for in a window of the prompt's end that grows until it shows one."""
+    fmt = _markers(think_tokenizer)
+    opened = "<|im_start|>assistant\n<think>\n" + "and so on, " * 200
+    assert fmt.thinks_at_start(think_tokenizer.encode(opened))
+    assert not fmt.thinks_at_start(think_tokenizer.encode(opened + "</think>\n\n" + "the answer, " * 200))
+    assert not fmt.thinks_at_start(think_tokenizer.encode("no marker at all, " * 200))

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from transformers_openai.serving.text.reasoning.splitter import ReasoningSplitter, split_whole
 
-# Prompt tokens decoded to find the markers when they are not single tokens: a generation prompt's ending is short.
+# Prompt tokens decoded to find the markers when they are not single tokens: a generation prompt's ending is short,
+# so the window starts small and doubles while it shows no marker (a long thought being continued), up to a bound.
 PROMPT_TAIL_TOKENS = 64
+MAX_PROMPT_TAIL_TOKENS = 4096
 
 
 class _Phase(enum.Enum):
@@ -104,12 +106,20 @@ class ThinkMarkers:
         if self.marker_ids is not None:
             opened = _last(prompt_ids, self.marker_ids[0]) > _last(prompt_ids, self.marker_ids[1])
         else:
-            tail = self.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]))
-            opened = tail.rfind(self.start) > tail.rfind(self.end)
+            opened = self._opened_in_text(prompt_ids)
         if opened or not self.implicit_start:
             return opened
         # A prompt that ends in a closed thought (a template's empty one, thinking off) starts in the answer.
         return not self.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:])).rstrip().endswith(self.end)
+
+    def _opened_in_text(self, prompt_ids: Sequence[int]) -> bool:
+        size = PROMPT_TAIL_TOKENS
+        while True:
+            tail = self.decode(list(prompt_ids[-size:]))
+            start, end = tail.rfind(self.start), tail.rfind(self.end)
+            if start >= 0 or end >= 0 or size >= min(len(prompt_ids), MAX_PROMPT_TAIL_TOKENS):
+                return start > end
+            size *= 2
 
     def splitter(self, thinking: bool) -> ReasoningSplitter:
         return MarkerSplitter(self.start, self.end, thinking)
