@@ -129,8 +129,8 @@ class ThinkMarkers:
 
 
 def _last(ids: Sequence[int], token_id: int) -> int:
-    """The index of the last `token_id` in `ids`, -1 when there is none."""
-    for index in range(len(ids) - 1, -1, -1):
-        if ids[index] == token_id:
-            return index
-    return -1
+    """The index of the last `token_id` in `ids`, -1 when there is none (searched in C: prompts can be long)."""
+    try:
+        return len(ids) - 1 - list(reversed(ids)).index(token_id)
+    except ValueError:
+        return -1
