@@ -240,6 +240,8 @@ def load_serving_context(
     spec = MODEL_KINDS[kind]
     device = resolve_device(settings.device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
+    # A vision-language model's processor before its weights: one that cannot be loaded fails the start at once.
+    processor = _processor(settings.model) if Capability.VISION in spec.capabilities else None
     phases.done("config and tokenizer")
     # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
     pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
@@ -257,6 +259,8 @@ def load_serving_context(
         context = replace(embedding_context(settings, config, tokenizer, model, pooling), quantization=quantization)
     else:
         context = _generation_context(settings, kind, model, tokenizer, quantization, observer, leader, ranks, phases)
+    if processor is not None:
+        context = replace(context, vision=ProcessorPrompts(processor, ImageLimits.from_settings(settings)))
     logger.info("start-up took %s", phases.summary())
     return context
 
@@ -311,11 +315,18 @@ def _generation_context(
     if speech_runner is not None:
         speech = _speech_model(settings, model, tokenizer, SpeechCalls(engine, speech_runner), observer)
     limits = (max_len, max_input_len, scheduler.capacity)
-    context = _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
-    if Capability.VISION in spec.capabilities:
-        processor = AutoProcessor.from_pretrained(settings.model)  # type: ignore[no-untyped-call]
-        context = replace(context, vision=ProcessorPrompts(processor, ImageLimits.from_settings(settings)))
-    return context
+    return _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+
+
+def _processor(model: str) -> Any:
+    """A vision-language model's own processor, which renders and preprocesses its prompts with images."""
+    try:
+        processor = AutoProcessor.from_pretrained(model)  # type: ignore[no-untyped-call]
+    except (ImportError, OSError, ValueError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"the processor of {model} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if getattr(processor, "image_processor", None) is None:
+        raise RuntimeError(f"{model} has no image processor (AutoProcessor gave a {type(processor).__name__})")
+    return processor
 
 
 def _acceleration(

@@ -130,6 +130,9 @@ def test_the_text_after_an_image_is_offset(qwen: Qwen) -> None:
     )
     assert int(delta.reshape(-1)[0]) < -4  # what the tests below would miss with ordinary positions
     assert vision_model_problem(qwen.model, None) is None
+    runner = VisionLMRunner(qwen.model, max_rows=1, max_model_len=64, kv=qwen.space(20))
+    request = qwen.request(2, greedy())
+    assert runner.prefill_cost(request.encoder_inputs) == len(inputs["pixel_values"])  # a row per patch
 
 
 @pytest.mark.parametrize("chunk", [None, 5], ids=["preempted", "chunked"])
