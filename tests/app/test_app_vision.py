@@ -24,6 +24,8 @@ from tests.app.fake_engine import FakeEngine
 from tests.app.support import CHAT, MODEL, assert_error, make_app, make_context, running, sse_chunks, wait_until
 from tests.vision_models import FAMILIES, tiny_vlm
 from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.protocol import ChatMessage
+from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.vision.limits import ImageLimits
 from transformers_openai.serving.vision.prompts import ProcessorPrompts
 
@@ -201,6 +203,22 @@ async def test_an_allowed_url_is_fetched(
     assert first.encoder_inputs["image_digest"] == second.encoder_inputs["image_digest"]
     assert "timed out" in assert_error(slow, 400, param="messages.0.content.1")["message"]
     assert "HTTP 404" in assert_error(missing, 400, param="messages.0.content.0")["message"]
+
+
+async def test_a_failed_fetch_ends_the_request_without_waiting_for_the_others(
+    processor: Any, image_server: str
+) -> None:
+    limits = ImageLimits(allowed_domains=frozenset({"127.0.0.1"}), allow_private=True, fetch_timeout=10)
+    prompts = ProcessorPrompts(processor, limits)
+    chat = image_chat(user(image_part(f"{image_server}/slow.png"), image_part(f"{image_server}/none.png")))
+    started = time.monotonic()
+    try:
+        with pytest.raises(BadRequestError) as caught:
+            await prompts.encode_chat([ChatMessage.model_validate(m) for m in chat["messages"]], None, True, False)
+    finally:
+        prompts.close()
+    assert caught.value.param == "messages.0.content.1" and "HTTP 404" in caught.value.message
+    assert time.monotonic() - started < 1.5  # the slow image (2 s) was not waited for
 
 
 def _png_claiming(width: int, height: int) -> bytes:

@@ -106,14 +106,19 @@ class ProcessorPrompts:
             if not url.startswith(DATA_PREFIX)
         }
         try:
-            await asyncio.gather(*fetches.values())
-        finally:  # the first failure ends the request: the other fetches stop too
+            if fetches:
+                await asyncio.wait(fetches.values(), return_when=asyncio.FIRST_EXCEPTION)
+        finally:  # the first failure (or the request's end) stops the other fetches
             for task in fetches.values():
                 task.cancel()
-        return [
-            _Source(param, fetches[index].result() if index in fetches else url)
-            for index, (param, url) in enumerate(parts)
-        ]
+            outcomes = await asyncio.gather(*fetches.values(), return_exceptions=True)
+        failure = next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None)
+        if failure is not None:
+            raise failure  # the first failed part's (the fetches it stopped end as cancelled, not as failures)
+        fetched = {
+            index: outcome for index, outcome in zip(fetches, outcomes, strict=True) if isinstance(outcome, bytes)
+        }
+        return [_Source(param, fetched.get(index, url)) for index, (param, url) in enumerate(parts)]
 
     def _encode(
         self, messages: list[dict[str, Any]], sources: list[_Source], kwargs: dict[str, Any]
