@@ -98,15 +98,16 @@ def vision_model_problem(model: PreTrainedModel, device_map: str | None) -> str 
     name = type(model).__name__
     if device_map:
         return f"--device-map does not serve vision-language models ({name}): load it on one device"
+    text_only = "; --model-kind causal-lm serves it for text only"
     if rope_index(model) is not None and model.config.model_type not in MROPE_TYPES:
         return (
             f"{name} places image tokens with multimodal position ids of its own, which this server does not compute "
-            f"yet: of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served"
+            f"yet (of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served){text_only}"
         )
     if "token_type_ids" in inspect.signature(model.forward).parameters:
-        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"
+        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), not served yet{text_only}"
     if getattr(model, "get_image_features", None) is None:
-        return f"{name} has no get_image_features: its images cannot be merged into the prompt"
+        return f"{name} has no get_image_features: its images cannot be merged into the prompt{text_only}"
     return None
 
 

@@ -305,3 +305,40 @@ def test_vision_checkpoints_are_detected_and_placement_limits_refused(families: 
     assert vision_model_problem(fam.model, None) is None
     problem = vision_model_problem(fam.model, "auto")
     assert problem is not None and "--device-map" in problem
+
+
+def test_models_whose_images_the_runner_cannot_place_are_refused() -> None:
+    """Gemma 3 masks its image tokens by token type; Qwen3-VL has multimodal positions of its own (and feeds image
+    features to inner layers): both refused at start, naming the way to serve them for text."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
+
+    text: dict[str, Any] = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 128,
+    }
+    siglip = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    gemma = Gemma3Config(
+        text_config=text, vision_config={**siglip, "image_size": 28, "patch_size": 14}, mm_tokens_per_image=1
+    )
+    mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32}
+    qwen3 = Qwen3VLConfig(
+        text_config={**text, "rope_parameters": mrope}, vision_config={**vision, "deepstack_visual_indexes": [0]}
+    )
+    for config, model_class, cause in [
+        (gemma, Gemma3ForConditionalGeneration, "token_type_ids"),
+        (qwen3, Qwen3VLForConditionalGeneration, "multimodal position ids"),
+    ]:
+        assert detect_kind(config) == VISION_KIND
+        problem = vision_model_problem(model_class(config), None)
+        assert problem is not None and cause in problem and "--model-kind causal-lm" in problem
