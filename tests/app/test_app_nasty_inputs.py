@@ -12,6 +12,8 @@ import pytest
 from tests.app.fake_engine import FakeEngine
 from tests.app.support import CHAT, COMPLETIONS, ERROR_KEYS, MODEL, make_app, running
 
+RESPONSES = "/v1/responses"
+
 SURROGATE = "\ud800"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -22,6 +24,27 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 def completion(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "hi", **fields}
+
+
+def response(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": "hi", **fields}
+
+
+def image(url: Any, **extra: Any) -> dict[str, Any]:
+    """A chat with one image part (the app's model reads no images)."""
+    part = {"type": "image_url", "image_url": {"url": url, **extra}}
+    return chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}])
+
+
+def input_image(**part: Any) -> dict[str, Any]:
+    content = [{"type": "input_text", "text": "what?"}, {"type": "input_image", **part}]
+    return response(input=[{"role": "user", "content": content}])
+
+
+def thought(text: Any) -> list[dict[str, Any]]:
+    """A reasoning item given back, with the answer it led to."""
+    item = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return [{"role": "user", "content": "hi"}, item, {"role": "assistant", "content": "ok"}]
 
 
 CASES: list[tuple[str, str, dict[str, Any], str]] = [
@@ -90,6 +113,62 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("stop length", CHAT, chat(stop=["x" * 9000, "y" * 9000]), "stop"),
     ("one long stop", COMPLETIONS, completion(stop="z" * 20000), "stop"),
 ]
+# The fields of reasoning models and images: run in one test (one app start for them all).
+NEW_FIELD_CASES: list[tuple[str, str, dict[str, Any], str]] = [
+    # the template's variables and the reasoning controls
+    ("template kwargs a string", CHAT, chat(chat_template_kwargs="enable_thinking"), "chat_template_kwargs"),
+    ("template kwargs a list", CHAT, chat(chat_template_kwargs=[1]), "chat_template_kwargs"),
+    ("template kwargs surrogate key", CHAT, chat(chat_template_kwargs={SURROGATE: 1}), "chat_template_kwargs"),
+    ("template kwargs surrogate value", CHAT, chat(chat_template_kwargs={"x": [SURROGATE]}), "chat_template_kwargs"),
+    ("enable_thinking a string", CHAT, chat(chat_template_kwargs={"enable_thinking": "no"}), "chat_template_kwargs"),
+    ("enable_thinking null", CHAT, chat(chat_template_kwargs={"enable_thinking": None}), "chat_template_kwargs"),
+    ("thinking an int", CHAT, chat(chat_template_kwargs={"thinking": 0}), "chat_template_kwargs"),
+    ("template kwargs messages", CHAT, chat(chat_template_kwargs={"messages": []}), "chat_template_kwargs"),
+    ("template kwargs tools", CHAT, chat(chat_template_kwargs={"tools": "x"}), "chat_template_kwargs"),
+    (
+        "template kwargs generation prompt",
+        CHAT,
+        chat(chat_template_kwargs={"add_generation_prompt": False}),
+        "chat_template_kwargs",
+    ),
+    ("template kwargs effort", CHAT, chat(chat_template_kwargs={"reasoning_effort": 9}), "chat_template_kwargs"),
+    ("reasoning_effort unknown", CHAT, chat(reasoning_effort="ultra"), "reasoning_effort"),
+    ("reasoning_effort int", CHAT, chat(reasoning_effort=3), "reasoning_effort"),
+    ("reasoning_effort surrogate", CHAT, chat(reasoning_effort=SURROGATE), "reasoning_effort"),
+    ("include_reasoning string", CHAT, chat(include_reasoning="no"), "include_reasoning"),
+    ("include_reasoning int", CHAT, chat(include_reasoning=0), "include_reasoning"),
+    ("separate_reasoning string", CHAT, chat(separate_reasoning="false"), "separate_reasoning"),
+    ("stream_reasoning null", CHAT, chat(stream_reasoning=None), "stream_reasoning"),
+    # image parts (the app's model reads none: each is a 400 before any fetch)
+    ("image url empty", CHAT, image(""), "messages"),
+    ("image url a number", CHAT, image(7), "messages"),
+    ("image url surrogate", CHAT, image(f"data:image/png;base64,{SURROGATE}"), "messages"),
+    ("image url javascript", CHAT, image("javascript:alert(1)"), "messages"),
+    ("image url file", CHAT, image("file:///etc/passwd"), "messages"),
+    ("image url metadata host", CHAT, image("http://169.254.169.254/latest/meta-data/"), "messages"),
+    ("image url loopback", CHAT, image("http://127.0.0.1:1/x.png"), "messages"),
+    ("image data not base64", CHAT, image("data:image/png;base64,@@@"), "messages"),
+    ("image data huge header", CHAT, image("data:" + "x" * 100_000 + ";base64,AAAA"), "messages"),
+    ("image detail unknown", CHAT, image("data:image/png;base64,AAAA", detail="max"), "messages"),
+    ("image url object extra", CHAT, image("data:image/png;base64,AAAA", format="png"), "messages"),
+    ("image part without url", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages"),
+    # the Responses API's reasoning and images
+    ("responses reasoning a string", RESPONSES, response(reasoning="high"), "reasoning"),
+    ("responses effort unknown", RESPONSES, response(reasoning={"effort": "ultra"}), "reasoning.effort"),
+    ("responses effort surrogate", RESPONSES, response(reasoning={"effort": SURROGATE}), "reasoning.effort"),
+    ("responses summary int", RESPONSES, response(reasoning={"summary": 1}), "reasoning.summary"),
+    ("responses reasoning extra", RESPONSES, response(reasoning={"budget": 10**20}), "reasoning.budget"),
+    ("responses thought surrogate", RESPONSES, response(input=thought(SURROGATE)), "input"),
+    ("responses thought a number", RESPONSES, response(input=thought(5)), "input"),
+    ("responses thought alone", RESPONSES, response(input=thought("hm")[1:2]), "input"),
+    ("responses thought part type", RESPONSES, response(input=[{"type": "reasoning", "content": [{"x": 1}]}]), "input"),
+    ("responses image file_id", RESPONSES, input_image(file_id="file-1"), "input"),
+    ("responses image no url", RESPONSES, input_image(detail="auto"), "input"),
+    ("responses image url a list", RESPONSES, input_image(image_url=["x"]), "input"),
+    ("responses image url javascript", RESPONSES, input_image(image_url="javascript:alert(1)"), "input"),
+    ("responses image metadata host", RESPONSES, input_image(image_url="http://169.254.169.254/"), "input"),
+    ("responses image detail", RESPONSES, input_image(image_url="data:image/png;base64,AAAA", detail="x"), "input"),
+]
 
 
 def assert_our_400(response: httpx.Response, param: str | None) -> dict[str, Any]:
@@ -111,6 +190,17 @@ async def test_nasty_input_gets_our_400_naming_the_field(
     raw = json.dumps(body).encode()
     response = await client.post(path, content=raw, headers={"content-type": "application/json"})
     assert_our_400(response, param)
+    assert fake.submitted == []
+
+
+async def test_nasty_reasoning_and_image_fields_get_our_400(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    for name, path, body, param in NEW_FIELD_CASES:
+        raw = json.dumps(body).encode()
+        response = await client.post(path, content=raw, headers={"content-type": "application/json"})
+        try:
+            assert_our_400(response, param)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from None
     assert fake.submitted == []
 
 
@@ -197,8 +287,14 @@ def deep_body(field: str) -> bytes:
 
 @pytest.mark.parametrize(
     "raw",
-    [deep_arguments(stream=False), deep_arguments(stream=True), deep_body("metadata"), deep_body("tools")],
-    ids=["tool-call arguments", "tool-call arguments, streamed", "a body field", "tools"],
+    [
+        deep_arguments(stream=False),
+        deep_arguments(stream=True),
+        deep_body("metadata"),
+        deep_body("tools"),
+        deep_body("chat_template_kwargs"),
+    ],
+    ids=["tool-call arguments", "tool-call arguments, streamed", "a body field", "tools", "template variables"],
 )
 async def test_input_nested_thousands_deep_gets_a_400(client: httpx.AsyncClient, fake: FakeEngine, raw: bytes) -> None:
     response = await client.post(CHAT, content=raw, headers={"content-type": "application/json"})
