@@ -98,17 +98,45 @@ def vision_model_problem(model: PreTrainedModel, device_map: str | None) -> str 
     name = type(model).__name__
     if device_map:
         return f"--device-map does not serve vision-language models ({name}): load it on one device"
-    text_only = "; --model-kind causal-lm serves it for text only"
+    return image_problem(model)
+
+
+def image_problem(model: PreTrainedModel) -> str | None:
+    """Why the runner cannot place this model's images in its prompt; None when it can."""
+    name = type(model).__name__
     if rope_index(model) is not None and model.config.model_type not in MROPE_TYPES:
         return (
             f"{name} places image tokens with multimodal position ids of its own, which this server does not compute "
-            f"yet (of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served){text_only}"
+            f"yet (of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served)"
         )
     if "token_type_ids" in inspect.signature(model.forward).parameters:
-        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), not served yet{text_only}"
+        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"
     if getattr(model, "get_image_features", None) is None:
-        return f"{name} has no get_image_features: its images cannot be merged into the prompt{text_only}"
+        return f"{name} has no get_image_features: its images cannot be merged into the prompt"
     return None
+
+
+def served_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:
+    """The kind the model is served as: as detected, except an image-text-to-text checkpoint whose images cannot be
+    placed, which serves text as a decoder (with a warning saying why)."""
+    kind = detect_kind(config, override, sentence_transformers)
+    text_only = text_only_kind(config) if kind == VISION_KIND else None
+    if text_only is None:
+        return kind
+    logger.warning("%s: images are not served, the model serves text as a decoder", text_only)
+    return "causal-lm"
+
+
+def text_only_kind(config: PretrainedConfig) -> str | None:
+    """Why a checkpoint detected as image-text-to-text is served for text only (as a decoder), judged from its
+    architecture built on the meta device (no weights); None when its images are served."""
+    try:
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(config)  # type: ignore[no-untyped-call]
+    except Exception:  # judged again once the weights are loaded
+        logger.debug("%s not built on the meta device", config.model_type, exc_info=True)
+        return None
+    return image_problem(model)
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -237,7 +265,7 @@ def load_serving_context(
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
     config = AutoConfig.from_pretrained(settings.model, **source)
     sentence_transformers = not settings.gguf_file and sentence_transformers_dir(settings.model) is not None
-    kind = detect_kind(config, settings.model_kind, sentence_transformers)
+    kind = served_kind(config, settings.model_kind, sentence_transformers)
     spec = MODEL_KINDS[kind]
     device = resolve_device(settings.device)
     tokenizer = AutoTokenizer.from_pretrained(settings.model, **source)
@@ -420,7 +448,7 @@ def load_follower(settings: Settings) -> tuple[Ranks, StepExecutor]:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     config = AutoConfig.from_pretrained(settings.model)
-    kind = detect_kind(config, settings.model_kind)
+    kind = served_kind(config, settings.model_kind)
     ranks = _join_ranks(settings, config, kind)
     assert ranks is not None  # a follower runs only with --tensor-parallel-size > 1
     device = resolve_device(settings.device)

@@ -24,7 +24,7 @@ from transformers_openai.engine.request import EngineRequest, FinishReason
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.stats import NullObserver, StepStats
-from transformers_openai.model_loader import VISION_KIND, detect_kind, vision_model_problem
+from transformers_openai.model_loader import VISION_KIND, detect_kind, served_kind, vision_model_problem
 from transformers_openai.runners.base import KVPoolSpec
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVSpace, self_attention_geometry
@@ -307,9 +307,9 @@ def test_vision_checkpoints_are_detected_and_placement_limits_refused(families: 
     assert problem is not None and "--device-map" in problem
 
 
-def test_models_whose_images_the_runner_cannot_place_are_refused() -> None:
+def test_models_whose_images_the_runner_cannot_place_serve_text_only() -> None:
     """Gemma 3 masks its image tokens by token type; Qwen3-VL has multimodal positions of its own (and feeds image
-    features to inner layers): both refused at start, naming the way to serve them for text."""
+    features to inner layers): both are served as decoders, for text, as before they were detected as vision models."""
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
@@ -341,4 +341,6 @@ def test_models_whose_images_the_runner_cannot_place_are_refused() -> None:
     ]:
         assert detect_kind(config) == VISION_KIND
         problem = vision_model_problem(model_class(config), None)
-        assert problem is not None and cause in problem and "--model-kind causal-lm" in problem
+        assert problem is not None and cause in problem
+        assert served_kind(config) == "causal-lm"
+    assert served_kind(AutoConfig.from_pretrained(tiny_vlm("llava"))) == VISION_KIND
