@@ -50,7 +50,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
 
     async def prompts(self, request: ChatCompletionRequest) -> list[Prompt]:
         ending = (request.add_generation_prompt, request.continue_final_message)
-        variables = template_variables(self.ctx.default_template_kwargs, request)
+        variables = template_variables(
+            self.ctx.default_template_kwargs, request.chat_template_kwargs, request.reasoning_effort
+        )
         if any(m.images() for m in request.messages):
             return [await self._image_prompt(request, variables)]
         messages = [m.for_template() for m in request.messages]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from transformers_openai.protocol import ChatCompletionRequest, ReasoningEffort
+from transformers_openai.protocol import ReasoningEffort
 from transformers_openai.serving.errors import BadRequestError
 
 # apply_chat_template's own arguments (and the names it renders with): a variable of that name would replace them.
@@ -36,11 +36,14 @@ BOOLEAN_VARIABLES = ("enable_thinking", "thinking")
 PARAM = "chat_template_kwargs"
 
 
-def template_variables(defaults: Mapping[str, Any], request: ChatCompletionRequest) -> dict[str, Any]:
-    """The variables the request's chat template renders with; a 400 naming the key for one it may not set or one of
-    the wrong type. `reasoning_effort` reaches the template under its name."""
-    variables = {**defaults, **(request.chat_template_kwargs or {})}
-    for key in request.chat_template_kwargs or {}:
+def template_variables(
+    defaults: Mapping[str, Any], own: Mapping[str, Any] | None, reasoning_effort: str | None = None
+) -> dict[str, Any]:
+    """The variables a request's chat template renders with: the server's `defaults` under the request's `own`
+    (its chat_template_kwargs); a 400 naming the key for one it may not set or one of the wrong type.
+    `reasoning_effort` (a request field, checked by its model) reaches the template under its name."""
+    variables = {**defaults, **(own or {})}
+    for key in own or {}:
         if key in RENDERING_ARGUMENTS:
             raise BadRequestError(
                 f"{PARAM} cannot set '{key}': it is an argument of the template's rendering, not a template variable"
@@ -58,6 +61,6 @@ def template_variables(defaults: Mapping[str, Any], request: ChatCompletionReque
     if effort is not None and effort not in get_args(ReasoningEffort):
         allowed = ", ".join(repr(value) for value in get_args(ReasoningEffort))
         raise BadRequestError(f"{PARAM}.reasoning_effort must be one of {allowed}", param=f"{PARAM}.reasoning_effort")
-    if request.reasoning_effort is not None:
-        variables["reasoning_effort"] = request.reasoning_effort
+    if reasoning_effort is not None:
+        variables["reasoning_effort"] = reasoning_effort
     return variables
