@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 import time
@@ -49,11 +48,10 @@ from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
-from transformers_openai.runners.mrope import MROPE_TYPES, rope_index
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.steps.paged_step import StepExecutor
 from transformers_openai.runners.steps.step_store import has_cxx_compiler, private_store
-from transformers_openai.runners.vision_lm import VisionLMRunner
+from transformers_openai.runners.vision_lm import VisionLMRunner, image_problem
 from transformers_openai.runners.whisper import WhisperRunner
 from transformers_openai.serving.context import Capability, ServingContext, SpeechModel, SpeechObserver
 from transformers_openai.serving.prompt_limits import PromptLimits
@@ -99,21 +97,6 @@ def vision_model_problem(model: PreTrainedModel, device_map: str | None) -> str 
     if device_map:
         return f"--device-map does not serve vision-language models ({name}): load it on one device"
     return image_problem(model)
-
-
-def image_problem(model: PreTrainedModel) -> str | None:
-    """Why the runner cannot place this model's images in its prompt; None when it can."""
-    name = type(model).__name__
-    if rope_index(model) is not None and model.config.model_type not in MROPE_TYPES:
-        return (
-            f"{name} places image tokens with multimodal position ids of its own, which this server does not compute "
-            f"yet (of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served)"
-        )
-    if "token_type_ids" in inspect.signature(model.forward).parameters:
-        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"
-    if getattr(model, "get_image_features", None) is None:
-        return f"{name} has no get_image_features: its images cannot be merged into the prompt"
-    return None
 
 
 def served_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:

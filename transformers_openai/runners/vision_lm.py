@@ -11,6 +11,7 @@ step of a request with images at those positions.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -31,7 +32,7 @@ from transformers_openai.runners.base import (
 )
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
-from transformers_openai.runners.mrope import MultimodalPositions
+from transformers_openai.runners.mrope import MROPE_TYPES, MultimodalPositions, rope_index
 from transformers_openai.runners.prefill_groups import length_groups
 from transformers_openai.runners.steps.paged_step import PagedStep
 
@@ -52,6 +53,21 @@ def image_tensors(encoder_inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         for key, value in encoder_inputs.items()
         if isinstance(value, torch.Tensor) and key not in TOKEN_TENSORS
     }
+
+
+def image_problem(model: PreTrainedModel) -> str | None:
+    """Why the runner cannot place this model's images in its prompt; None when it can."""
+    name = type(model).__name__
+    if rope_index(model) is not None and model.config.model_type not in MROPE_TYPES:
+        return (
+            f"{name} places image tokens with multimodal position ids of its own, which this server does not compute "
+            f"yet (of the models with M-RoPE, {', '.join(sorted(MROPE_TYPES))} are served)"
+        )
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        return f"{name} attends to its image tokens with a mask of its own (token_type_ids), which is not served yet"
+    if getattr(model, "get_image_features", None) is None:
+        return f"{name} has no get_image_features: its images cannot be merged into the prompt"
+    return None
 
 
 class VisionLMRunner(CausalLMRunner):
