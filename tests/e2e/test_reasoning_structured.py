@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 from tests.e2e.conftest import sync_client
+from tests.e2e.fuzz_schema import nasty_schemas
 from tests.e2e.server import ServerProcess, start_server
 from tests.e2e.test_reasoning import END, MESSAGES, Generated, _build_think_llama
 from tests.model_factory import cache_root
@@ -171,3 +172,39 @@ def test_the_responses_api_gives_the_thought_as_its_reasoning_item(server: Serve
     streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert streamed == generated.text(ids)
     assert events[-1].type == "response.incomplete"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_nasty_schemas_after_a_thought_get_answers_or_400s_never_5xx(
+    server: ServerProcess, biased: tuple[dict[str, float], str], stream: bool
+) -> None:
+    """The grammar after the thought is bounded as one without: over the size cap at once, past llguidance's limits
+    or too costly once the thought ends (a 400, or the stream's error event), the server up for the next."""
+    logit_bias, _ = biased
+    statuses = {}
+    for name, schema in nasty_schemas().items():
+        body = {
+            "model": "test-model",
+            "messages": MESSAGES,
+            "max_tokens": 30,
+            "temperature": 0,
+            "logit_bias": logit_bias,
+            "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        }
+        response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+        status = response.status_code
+        if status == 200 and stream and '"error"' in response.text:  # failed mid-answer: the error event's shape
+            events = [line[6:] for line in response.text.splitlines() if line.startswith("data: {")]
+            status = 400 if json.loads(events[-1])["error"]["type"] == "invalid_request_error" else 500
+        elif status == 400:
+            assert response.json()["error"]["type"] == "invalid_request_error"
+            # Refused up front (it names the field) or failed once the thought ended (the answer's grammar_failed).
+            error = response.json()["error"]
+            assert error["param"] == "response_format" or error["code"] == "grammar_failed", error
+        statuses[name] = status
+    assert set(statuses.values()) <= {200, 400}, statuses
+    refused = ("over the size cap", "past the lexer's limits", "costly from the first token", "costly mid-answer")
+    assert [statuses[name] for name in refused] == [400] * len(refused), statuses
+    assert statuses["only annotated"] == statuses["empty"] == 200
+    assert server.process.poll() is None and server.engine_state()

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import (
@@ -117,20 +118,157 @@ def test_no_server_errors_and_every_response_as_documented(api_schema: schemathe
 
 
 # Generated bodies reach a 200 only now and then (most are, rightly, refused); these always do, streamed or not.
-KNOWN_GOOD: dict[str, dict[str, Any]] = {
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-    "/v1/completions": {"prompt": "Hi", "max_tokens": 4, "n": 2, "logprobs": 1},
-    "/v1/responses": {"input": "Hi", "max_output_tokens": 4},
+KNOWN_GOOD: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    "chat, reasoning fields": (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": "They greet me."},
+                {"role": "user", "content": "Bye"},
+            ],
+            "max_tokens": 4,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "reasoning_effort": "low",
+            "include_reasoning": False,
+            "separate_reasoning": False,
+        },
+    ),
+    "completions": ("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "n": 2, "logprobs": 1}),
+    "responses": ("/v1/responses", {"input": "Hi", "max_output_tokens": 4}),
+    "responses, reasoning": (
+        "/v1/responses",
+        {
+            "input": [
+                {"role": "user", "content": "Hi"},
+                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "A greeting."}]},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "Bye"},
+            ],
+            "max_output_tokens": 4,
+            "reasoning": {"effort": "low", "summary": "auto"},
+        },
+    ),
 }
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-@pytest.mark.parametrize("path", list(KNOWN_GOOD))
+@pytest.mark.parametrize("name", list(KNOWN_GOOD))
 def test_answers_match_their_documented_schema(
-    api_schema: schemathesis.BaseSchema, fuzzed: ServerProcess, path: str, stream: bool
+    api_schema: schemathesis.BaseSchema, fuzzed: ServerProcess, name: str, stream: bool
 ) -> None:
+    path, body = KNOWN_GOOD[name]
     operation = api_schema[path]["POST"]
-    case = operation.Case(body={"model": fuzzed.model, "stream": stream, **KNOWN_GOOD[path]})
+    case = operation.Case(body={"model": fuzzed.model, "stream": stream, **body})
     response = case.call_and_validate(checks=CHECKS, timeout=TIMEOUT_S)
     assert response.status_code == 200
     assert response.headers["content-type"][0].startswith("text/event-stream" if stream else "application/json")
+
+
+# The fields of reasoning models and images, fuzzed where schema-driven generation seldom goes: any JSON value, or a
+# near-valid one, in each of them on an otherwise good request. A few dozen requests per endpoint, a few seconds.
+NEW_FIELD_EXAMPLES = 40
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_EFFORTS = st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "", "HIGH"])
+_URLS = st.sampled_from(
+    [
+        "",
+        "data:,",
+        "data:image/png;base64,",
+        "data:image/png;base64,iVBORw0KGgo=",
+        "data:image/png;base64,@@",
+        "http://127.0.0.1:1/x.png",
+        "http://169.254.169.254/",
+        "file:///etc/passwd",
+        "javascript:alert(1)",
+        "ftp://example.com/x.png",
+    ]
+) | st.text(max_size=20)
+_IMAGE_PART = st.fixed_dictionaries(
+    {"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": _URLS}) | _URLS | _JSON}
+)
+_CHAT_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "chat_template_kwargs": st.dictionaries(
+            st.sampled_from(["enable_thinking", "thinking", "reasoning_effort", "messages", "x"]), _JSON | _EFFORTS
+        )
+        | _JSON,
+        "reasoning_effort": _EFFORTS | _JSON,
+        "include_reasoning": st.booleans() | _JSON,
+        "separate_reasoning": st.booleans() | _JSON,
+        "stream_reasoning": st.booleans() | _JSON,
+        "stream": st.booleans(),
+        "messages": st.lists(_IMAGE_PART | st.just({"type": "text", "text": "Hi"}), min_size=1, max_size=3).map(
+            lambda parts: [{"role": "user", "content": parts}]
+        ),
+    },
+)
+_THOUGHT = st.fixed_dictionaries(
+    {"type": st.just("reasoning")},
+    optional={
+        "summary": st.lists(_JSON, max_size=2),
+        "content": st.lists(st.fixed_dictionaries({"type": st.just("reasoning_text"), "text": st.text(max_size=12)}))
+        | _JSON,
+        "encrypted_content": _JSON,
+    },
+)
+_INPUT_IMAGE = st.fixed_dictionaries(
+    {"type": st.just("input_image")},
+    optional={"image_url": _URLS | _JSON, "file_id": _JSON, "detail": st.sampled_from(["auto", "low", "original"])},
+)
+_RESPONSES_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "reasoning": st.fixed_dictionaries({}, optional={"effort": _EFFORTS | _JSON, "summary": _JSON}) | _JSON,
+        "stream": st.booleans(),
+        "input": st.lists(
+            st.sampled_from([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+            | _THOUGHT
+            | st.lists(_INPUT_IMAGE, min_size=1, max_size=2).map(lambda parts: {"role": "user", "content": parts}),
+            min_size=1,
+            max_size=4,
+        ),
+    },
+)
+_NEW_FIELDS = {
+    "/v1/chat/completions": (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        _CHAT_FIELDS,
+    ),
+    "/v1/responses": ({"input": "Hi", "max_output_tokens": 2}, _RESPONSES_FIELDS),
+}
+
+
+@pytest.mark.parametrize("path", list(_NEW_FIELDS))
+def test_reasoning_and_image_fields_get_no_server_error(fuzzed: ServerProcess, path: str) -> None:
+    base, fields = _NEW_FIELDS[path]
+    answers: Counter[int] = Counter()
+
+    @given(extra=fields)
+    @settings(
+        max_examples=NEW_FIELD_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(extra: dict[str, Any]) -> None:
+        body = {"model": fuzzed.model, **base, **extra}
+        response = httpx.post(fuzzed.root_url + path, json=body, timeout=TIMEOUT_S)
+        answers[response.status_code] += 1
+        assert response.status_code < 500, (body, response.text)
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["message"], error
+        elif body.get("stream"):
+            assert "data:" in response.text and '"type":"server_error"' not in response.text, response.text
+
+    run()
+    print(path, dict(answers))
+    assert answers[200] > 0 and sum(n for status, n in answers.items() if status >= 400) > 0, answers
