@@ -167,7 +167,10 @@ class Settings(BaseSettings):
         16_000_000, ge=1, description="Most pixels (width x height) one image may have once decoded; more get 400."
     )
     max_image_bytes: int = Field(
-        20 * 1024 * 1024, ge=1024, description="Largest image accepted, as sent or as fetched; larger ones get 400."
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest image accepted, as fetched or once its base64 is decoded; larger ones get 400 (an "
+        "image sent inline is also bounded by --max-request-bytes).",
     )
     allowed_media_domains: CommaList = Field(
         default_factory=list,

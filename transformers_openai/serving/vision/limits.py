@@ -20,7 +20,7 @@ class ImageLimits:
 
     max_images: int = 8
     max_pixels: int = 16_000_000
-    max_bytes: int = 20 * 1024 * 1024
+    max_bytes: int = 10 * 1024 * 1024
     allowed_domains: frozenset[str] = frozenset()
     allow_private: bool = False
     fetch_timeout: float = 10.0
