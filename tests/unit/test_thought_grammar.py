@@ -212,3 +212,27 @@ def test_a_schema_llguidance_refuses_is_a_400_naming_the_field(plain: Any) -> No
     with pytest.raises(BadRequestError) as caught:
         StructuredOutputs(plain).lark_constraints(wrapped.lark, 1, wrapped.param)
     assert caught.value.param == "response_format"
+
+
+def test_the_size_cap_holds_after_a_thought(plain: Any) -> None:
+    """A schema the cap accepts alone is accepted after a thought (the rules around it get their room); one far over
+    the cap is refused before any compile, naming the field."""
+    structured = StructuredOutputs(plain, max_schema_bytes=2048)
+    tokens = TokenizerService(plain)
+
+    def schema(fields: int) -> dict[str, Any]:
+        return {"type": "object", "properties": {f"field_{i:03d}": {"type": "integer"} for i in range(fields)}}
+
+    fits = schema(60)
+    assert 1800 < len(json.dumps(fits, separators=(",", ":"))) <= 2048
+    structured.constraints(fits, 1, "response_format")
+    wrapped = after_thought(AnswerGrammar("response_format", schema=fits), Think(), tokens)
+    assert wrapped.lark is not None
+    structured.lark_constraints(wrapped.lark, 1, wrapped.param)
+    far_over = after_thought(AnswerGrammar("response_format", schema=schema(200)), Think(), tokens)
+    assert far_over.lark is not None
+    kept = len(structured.cache.keys())
+    with pytest.raises(BadRequestError) as caught:
+        structured.lark_constraints(far_over.lark, 1, far_over.param)
+    assert caught.value.param == "response_format" and caught.value.code == "schema_too_large"
+    assert len(structured.cache.keys()) == kept

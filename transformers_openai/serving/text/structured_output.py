@@ -45,6 +45,9 @@ LIMITS = LLParserLimits(initial_lexer_fuel=200_000, max_lexer_states=20_000, ver
 # Tokens the compile follows while the grammar forces them one by one (a schema whose root is a string, say), so
 # that a lexeme past the limits is found there and refused with a 400 instead of failing a request mid-answer.
 PROBE_TOKENS = 4
+# What a Lark grammar's own rules may add to the schemas it embeds (`lark_constraints`): the thought before an
+# answer (`thought_grammar`) takes about 300 bytes, a forced call's markers and repetition less.
+WRAPPER_BYTES = 1024
 # Schema keywords that only annotate: a schema differing only in them accepts the same answers, so they are dropped
 # before the schema is compiled and keyed (variants share one cache entry).
 ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
@@ -123,8 +126,12 @@ class StructuredOutputs:
         )
 
     def lark_constraints(self, lark: str, count: int, param: str) -> list[GrammarConstraint]:
-        """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect, e.g. forced tool calls)."""
-        self._check_size(len(lark.encode()), "grammar", "its schemas", param)
+        """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect, e.g. forced tool calls, or
+        an answer's grammar after a thought): its rules beside the schemas it embeds get `WRAPPER_BYTES` of room, so
+        that a schema accepted alone is accepted inside them."""
+        size = len(lark.encode())
+        if size - WRAPPER_BYTES > self.max_schema_bytes:
+            self._check_size(size - WRAPPER_BYTES, "grammar", "its schemas, past its rules", param)
         return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param, "the grammar")
 
     def _check_size(self, size: int, what: str, measure: str, param: str) -> None:
