@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from typing import Any
 
-from transformers_openai.protocol import ChatCompletionChunk, DeltaToolCall, Usage
+from transformers_openai.protocol import AssistantMessage, ChatCompletionChunk, DeltaMessage, DeltaToolCall, Usage
 from transformers_openai.protocol.response_events import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -233,19 +232,17 @@ class ResponseStream:
         return event
 
 
-def reasoning_of(message: Any) -> str | None:
+def reasoning_of(message: AssistantMessage | DeltaMessage) -> str | None:
     """The thought the chat path split from an answer (a message or a delta), if any."""
-    thought = getattr(message, "reasoning_content", None)
-    return thought if isinstance(thought, str) else None
+    return message.reasoning_content
 
 
 def response_usage(usage: Usage) -> ResponseUsage:
     """Chat's usage as the Responses API counts it, the thought's tokens among the output's."""
-    details = getattr(usage, "completion_tokens_details", None)
-    reasoning = getattr(details, "reasoning_tokens", None) or 0
+    details = usage.completion_tokens_details
     return ResponseUsage(
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=details.reasoning_tokens if details else 0),
         total_tokens=usage.total_tokens,
     )

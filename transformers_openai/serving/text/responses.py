@@ -15,19 +15,21 @@ from transformers_openai.protocol import (
     ChatMessage,
     StreamOptions,
 )
-from transformers_openai.protocol.responses import (
+from transformers_openai.protocol.response_input import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
-    ItemStatus,
     MessageItem,
+    ReasoningItem,
+)
+from transformers_openai.protocol.responses import (
+    ItemStatus,
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
     OutputReasoning,
     OutputReasoningText,
     OutputText,
-    ReasoningItem,
     ResponseObject,
     ResponsesRequest,
 )
