@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +94,10 @@ class VisionLMRunner(CausalLMRunner):
         self._mrope = MultimodalPositions.of(model, self.image_token)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
-        """As a decoder's, but neither tensor parallelism (the loader refuses it) nor, on a CPU, the compiled decode
-        step (not checked against a vision-language model's forward yet)."""
+        """As a decoder's (the fixed decode step runs the whole model's forward on token ids), but not under tensor
+        parallelism, which the loader refuses."""
         if acceleration.distribute is not None:
             raise ValueError("tensor parallelism does not serve vision-language models")
-        if acceleration.compiled:
-            logger.info("vision-language model: decode steps run eagerly (the compiled step is for text models)")
-            acceleration = replace(acceleration, compiled=False)
         return super().prepare(acceleration)
 
     def fix_steps(
