@@ -134,7 +134,7 @@ class VisionLMRunner(CausalLMRunner):
             self._forget_done(rows)
             return out
         outcomes: list[PrefillOutput | Exception | None] = [None] * len(rows)
-        plain = [i for i in range(len(rows)) if i not in set(merged)]
+        plain = sorted(set(range(len(rows))) - set(merged))
         if plain:
             for i, outcome in zip(plain, self._prefill([rows[i] for i in plain]), strict=True):
                 outcomes[i] = outcome
@@ -183,7 +183,8 @@ class VisionLMRunner(CausalLMRunner):
                 except Exception as exc:  # that row's failure only
                     outcomes[i] = exc
         ready = [i for i in embeds if not rows[i].score]
-        groups = [[ready[g] for g in group] for group in length_groups([len(rows[i].tokens) for i in ready], 0.25)]
+        lengths = [len(rows[i].tokens) for i in ready]
+        groups = [[ready[g] for g in group] for group in length_groups(lengths, self.max_padding)]
         groups += [[i] for i in embeds if rows[i].score]
         for group in groups:
             keep = 0 if rows[group[0]].score else 1
