@@ -236,3 +236,8 @@ def test_the_size_cap_holds_after_a_thought(plain: Any) -> None:
         structured.lark_constraints(far_over.lark, 1, far_over.param)
     assert caught.value.param == "response_format" and caught.value.code == "schema_too_large"
     assert len(structured.cache.keys()) == kept
+
+
+def test_a_format_without_an_end_marker_leaves_the_grammar_as_it_is(plain: Any) -> None:
+    grammar = AnswerGrammar("response_format", schema=SCHEMA)
+    assert after_thought(grammar, Think(end=""), TokenizerService(plain)) is grammar

@@ -40,7 +40,10 @@ class AddedTokens(Protocol):
 
 
 def after_thought(grammar: AnswerGrammar, fmt: ThoughtMarkers, tokens: AddedTokens) -> AnswerGrammar:
-    """`grammar` enforced only after the thought ends at `fmt.end`: a Lark grammar asked for by the same field."""
+    """`grammar` enforced only after the thought ends at `fmt.end`: a Lark grammar asked for by the same field. A
+    format without an end marker cannot say where its thought ends: the grammar applies from the first token."""
+    if not fmt.end:
+        return grammar
     return AnswerGrammar(grammar.param, lark=thought_lark(fmt, tokens) + "\n" + _answer_rule(grammar))
 
 
