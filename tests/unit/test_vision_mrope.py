@@ -153,6 +153,7 @@ def test_concurrent_requests_equal_generate_alone(qwen: Qwen, chunk: int | None)
     if chunk is None:
         assert observer.preemptions > 0
     assert core.kv.usage().blocks_used == 0 and not runner._features
+    assert runner._mrope is not None and not runner._mrope._prompts and not runner._mrope._deltas  # nothing kept
 
 
 def test_prompt_logprobs_in_chunks_equal_the_models_own_forward(qwen: Qwen) -> None:
