@@ -243,3 +243,31 @@ async def test_images_a_text_model_or_the_protocol_refuses_are_a_400(
 
 def error_of_first(response: httpx.Response) -> str:
     return str(response.json()["error"]["message"])
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+async def test_a_forced_call_after_the_thought_and_the_round_trip(
+    client: httpx.AsyncClient, fake: FakeEngine, hf_tokenizer: Any
+) -> None:
+    fake.script = Script(pieces=["Paris", " first", "</think>", "\n\n", CALL])
+    fields = {"tools": [WEATHER], "tool_choice": "required"}
+    events = events_of(await client.post(RESPONSES, json=body(stream=True, **fields)))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.type for item in done] == ["reasoning", "function_call"]
+    assert done[0].content[0].text.strip() == "Paris first" and done[1].name == "get_weather"
+    assert fake.submitted[-1].constraint is not None
+    first = events[-1].response
+    assert [item.type for item in first.output] == ["reasoning", "function_call"]
+    output = {"type": "function_call_output", "call_id": done[1].call_id, "output": "sunny"}
+    fake.script = Script(pieces=THOUGHT_PIECES)
+    response = await client.post(RESPONSES, json=body(input=[output], previous_response_id=first.id))
+    assert response.status_code == 200, response.text
+    prompt = prompt_text(fake, hf_tokenizer)
+    assert "sunny" in prompt and "Paris first" not in prompt  # the earlier thought is dropped by the template
