@@ -145,7 +145,7 @@ def test_concurrent_requests_equal_generate_alone(qwen: Qwen, chunk: int | None)
     assert not runner.fix_steps(graphs=False, buckets=True)  # decode positions are per row: eager steps
     observer = Steps()
     scheduler = Scheduler(6, 16, max_prefill_tokens=chunk or 4096)
-    core = EngineCore(runner, qwen.tokenizer, scheduler, frozenset(), observer)
+    core = EngineCore(runner, qwen.tokenizer, scheduler, frozenset(), observer, lookahead=chunk is None)
     got = run(core, requests)
     for request_id, (tokens, logprobs) in expected.items():
         assert got[request_id][0] == tokens

@@ -157,7 +157,8 @@ def test_concurrent_image_requests_preempted_and_reused_equal_generate_alone(
     if fixed:  # decode steps, and short text prefills, from fixed buffers (as CUDA graphs run them)
         assert runner.fix_steps(graphs=False, buckets=True)
     observer = Steps()
-    core = EngineCore(runner, fam.processor.tokenizer, Scheduler(8, 16), frozenset(), observer)
+    # With fixed steps also the decode launched ahead of its records, as on a GPU.
+    core = EngineCore(runner, fam.processor.tokenizer, Scheduler(8, 16), frozenset(), observer, lookahead=fixed)
     assert run(core, requests) == expected
     assert observer.preemptions > 0
 
