@@ -271,3 +271,16 @@ async def test_a_forced_call_after_the_thought_and_the_round_trip(
     assert response.status_code == 200, response.text
     prompt = prompt_text(fake, hf_tokenizer)
     assert "sunny" in prompt and "Paris first" not in prompt  # the earlier thought is dropped by the template
+
+
+async def test_an_answer_cut_while_thinking_streams_its_items_in_order(client: httpx.AsyncClient) -> None:
+    events = events_of(await client.post(RESPONSES, json=body(stream=True, max_output_tokens=3)))
+    assert events[-1].type == "response.incomplete"
+    opened = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+    closed = [(e.output_index, e.item.type, e.item.status) for e in events if e.type == "response.output_item.done"]
+    assert opened == [(0, "reasoning"), (1, "message")]
+    assert closed == [(0, "reasoning", "incomplete"), (1, "message", "incomplete")]
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["reasoning", "message"] and final.output_text == ""
+    assert final.output[0].content[0].text == "Let me think"
+    assert final.usage.output_tokens_details.reasoning_tokens == final.usage.output_tokens == 3

@@ -85,7 +85,7 @@ class ResponseStream:
             if not any(isinstance(item, OutputMessage | OutputFunctionCall) for item in self._output) and (
                 self._message is None and self._call is None
             ):
-                for event in self._open_message():  # an answer of no text is still a message
+                for event in [*self._close(), *self._open_message()]:  # an answer of no text is still a message
                     yield event
             for event in self._close():
                 yield event
@@ -173,7 +173,7 @@ class ResponseStream:
             yield self._numbered(event)
 
     def _close(self) -> Iterator[ResponseEvent]:
-        """Ends the open item, if any, and adds it to the output."""
+        """Ends the open item (one at most: each opens after closing the last), if any, and adds it to the output."""
         index = len(self._output)
         status: ItemStatus = "incomplete" if self._cut else "completed"
         if self._reasoning is not None:
