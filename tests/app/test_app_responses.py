@@ -311,6 +311,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
     ({"include": ["file_search_call.results"]}, "include"),
+    ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),

@@ -134,6 +134,11 @@ async def test_effort_reaches_the_template_and_is_echoed(
     response = await client.post(RESPONSES, json=body(reasoning={"summary": "concise"}))
     assert response.status_code == 200, response.text
     assert "Reasoning effort" not in prompt_text(fake, hf_tokenizer)
+    # What a client keeping no state sends (the Agents SDK with store=False): the thought comes in the clear.
+    fields = {"store": False, "include": ["reasoning.encrypted_content"], "reasoning": {"effort": None}}
+    response = await client.post(RESPONSES, json=body(**fields))
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][0]["content"][0]["text"].strip() == "Let me think."
 
 
 BAD_REASONING: list[tuple[Any, str]] = [

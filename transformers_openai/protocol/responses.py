@@ -82,13 +82,19 @@ _NOT_SUPPORTED: dict[str, str] = {
     "access_programs": "access programs are not supported",
     "background_options": "responses are generated while the request waits",
 }
-_HARMLESS: dict[str, list[Any]] = {"truncation": ["disabled"], "top_logprobs": [0]}
+_HARMLESS: dict[str, list[Any]] = {
+    "truncation": ["disabled"],
+    "top_logprobs": [0],
+    # Clients that keep no server state ask for their thoughts encrypted, to give them back: here a thought comes
+    # in the clear (its reasoning_text) and is taken back from it, so there is nothing to encrypt.
+    "include": [["reasoning.encrypted_content"]],
+}
 
 
 def _asks_for_nothing(name: str, value: Any) -> bool:
     if value in (None, False, [], {}) or value in _HARMLESS.get(name, []):
         return True
-    # {"effort": null, "summary": null}: a reasoning config that sets nothing
+    # {"id": null}: an object that sets nothing
     return isinstance(value, dict) and all(v is None for v in value.values())
 
 
