@@ -81,8 +81,10 @@ def structured(tokenizer: Any) -> StructuredOutputs:
     return StructuredOutputs(tokenizer)
 
 
-def constraint(structured: StructuredOutputs, tokenizer: Any, grammar: AnswerGrammar) -> TokenConstraint:
-    wrapped = after_thought(grammar, Think(), TokenizerService(tokenizer))
+def constraint(
+    structured: StructuredOutputs, tokenizer: Any, grammar: AnswerGrammar, opened: bool = True
+) -> TokenConstraint:
+    wrapped = after_thought(grammar, Think(), TokenizerService(tokenizer), opened)
     assert wrapped.lark is not None and wrapped.param == grammar.param
     (made,) = structured.lark_constraints(wrapped.lark, 1, wrapped.param)
     return made
@@ -189,6 +191,30 @@ def test_the_opening_marker_may_come_first(structured: StructuredOutputs, tokeni
     made = constraint(structured, tokenizer, AnswerGrammar("response_format", schema=SCHEMA))
     feed(made, tokenizer.encode("<think>\nhm", add_special_tokens=False) + end_tokens(tokenizer), vocab)
     assert not allowed(made, tokenizer.encode("hm", add_special_tokens=False)[0], vocab)
+
+
+def test_a_thought_the_prompt_did_not_open_is_optional(structured: StructuredOutputs, tokenizer: Any) -> None:
+    """Qwen3's template leaves the thought to the model: it may open one with its first token, then answer after
+    it, or answer at once; text that does not open the thought is the answer, held to the schema."""
+    vocab = len(tokenizer)
+    grammar = AnswerGrammar("response_format", schema=SCHEMA)
+    thinking = constraint(structured, tokenizer, grammar, opened=False)
+    opening = tokenizer.encode("<think>", add_special_tokens=False)
+    thought = opening + tokenizer.encode(THOUGHT, add_special_tokens=False) + end_tokens(tokenizer)
+    feed(thinking, thought, vocab)
+    tokens = thought + random_walk(thinking, vocab, 0, tokenizer.eos_token_id)
+    reasoning, marker, answer = text(tokenizer, tokens).partition("</think>")
+    assert marker and reasoning == "<think>" + THOUGHT
+    jsonschema.validate(json.loads(answer), SCHEMA)
+
+    at_once = constraint(structured, tokenizer, grammar, opened=False)
+    assert allowed(at_once, opening[0], vocab)
+    assert not allowed(at_once, tokenizer.encode("Let", add_special_tokens=False)[0], vocab)
+    brace = tokenizer.encode("{", add_special_tokens=False)
+    feed(at_once, brace, vocab)  # the answer has begun: no thought can open now
+    assert not allowed(at_once, opening[0], vocab)
+    tokens = brace + random_walk(at_once, vocab, 1, tokenizer.eos_token_id)
+    jsonschema.validate(json.loads(text(tokenizer, tokens)), SCHEMA)
 
 
 def test_wrapped_grammars_are_compiled_once_and_share_annotated_variants(plain: Any) -> None:

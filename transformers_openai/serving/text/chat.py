@@ -77,9 +77,11 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
     def answer_grammar(self, request: ChatCompletionRequest, prompts: list[Prompt]) -> AnswerGrammar | None:
         grammar = self._answer_grammar(request)
         fmt = self.reasoning_of(request)
-        if grammar is None or fmt is None or not any(fmt.thinks_at_start(p.token_ids) for p in prompts):
+        if grammar is None or fmt is None:
             return grammar
-        return after_thought(grammar, fmt, self.ctx.tokenizer)  # the model thinks first: the grammar follows
+        # The model thinks first (the prompt opened its thought), or may open one itself: the grammar follows it.
+        opened = any(fmt.thinks_at_start(p.token_ids) for p in prompts)
+        return after_thought(grammar, fmt, self.ctx.tokenizer, opened)
 
     def _answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
         forced = self.tools.forced_grammar(request)

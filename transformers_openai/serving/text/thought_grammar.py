@@ -39,21 +39,32 @@ class AddedTokens(Protocol):
     def added_token(self, text: str) -> tuple[int, bool] | None: ...
 
 
-def after_thought(grammar: AnswerGrammar, fmt: ThoughtMarkers, tokens: AddedTokens) -> AnswerGrammar:
-    """`grammar` enforced only after the thought ends at `fmt.end`: a Lark grammar asked for by the same field. A
-    format without an end marker cannot say where its thought ends: the grammar applies from the first token."""
-    if not fmt.end:
+def after_thought(
+    grammar: AnswerGrammar, fmt: ThoughtMarkers, tokens: AddedTokens, opened: bool = True
+) -> AnswerGrammar:
+    """`grammar` enforced only after the thought ends at `fmt.end`: a Lark grammar asked for by the same field.
+
+    `opened`: the prompt leaves the model inside its thought (the template opened it), which must then end before
+    the answer. Otherwise the model may open a thought itself, with `fmt.start` as its very first output (as Qwen3
+    does where its template does not open one), or answer at once. A format without an end marker cannot say where
+    its thought ends, nor one without a start marker where an unopened one begins: the grammar then applies from
+    the first token."""
+    if not fmt.end or (not opened and not fmt.start):
         return grammar
-    return AnswerGrammar(grammar.param, lark=thought_lark(fmt, tokens) + "\n" + _answer_rule(grammar))
+    return AnswerGrammar(grammar.param, lark=thought_lark(fmt, tokens, opened) + "\n" + _answer_rule(grammar))
 
 
-def thought_lark(fmt: ThoughtMarkers, tokens: AddedTokens) -> str:
-    """The rules `start: thought answer` and the thought's; the caller appends the `answer` rule."""
+def thought_lark(fmt: ThoughtMarkers, tokens: AddedTokens, opened: bool = True) -> str:
+    """The rules `start: thought answer` (`thought? answer` when the prompt did not open the thought) and the
+    thought's; the caller appends the `answer` rule."""
     end_text = json.dumps(fmt.end)  # a Lark string literal (JSON's escapes are Lark's)
     start_token = tokens.added_token(fmt.start) if fmt.start else None
     end_token = tokens.added_token(fmt.end)
-    # The opening marker, when the template did not write it and it is a token (as text it is thought text).
-    opening = f"<[{start_token[0]}]>? " if start_token is not None else ""
+    if opened:
+        # The opening marker, when the template did not write it and it is a token (as text it is thought text).
+        opening = f"<[{start_token[0]}]>? " if start_token is not None else ""
+    else:  # the model opens it, or there is none
+        opening = f"<[{start_token[0]}]> " if start_token is not None else json.dumps(fmt.start) + " "
     # Lazy: the text ends at the first end marker written as text.
     rules = [f"thought_text[lazy]: /(?s:.*)/ {end_text}"]
     if end_token is None:
@@ -61,7 +72,7 @@ def thought_lark(fmt: ThoughtMarkers, tokens: AddedTokens) -> str:
     else:
         rules.insert(0, f"thought: {opening}(THOUGHT <[{end_token[0]}]> | thought_text)")
         rules.append(f"THOUGHT: /(?s:.*)/ & ~(/(?s:.*)/ {end_text} /(?s:.*)/)")
-    return "\n".join(["start: thought answer", *rules])
+    return "\n".join(["start: thought answer" if opened else "start: thought? answer", *rules])
 
 
 def _answer_rule(grammar: AnswerGrammar) -> str:
