@@ -149,6 +149,8 @@ async def test_template_variables_are_rendered_as_chat_renders_them(
         assert f"Mood: {mood}" in hf_tokenizer.decode(counted.json()["tokens"])
     refused = {"messages": MESSAGES, "chat_template_kwargs": {"add_generation_prompt": False}}
     assert_error(await mood_client.post("/tokenize", json=refused), 400, "chat_template_kwargs.add_generation_prompt")
+    wrong_type = {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": "no"}}  # as chat refuses it
+    assert_error(await mood_client.post("/tokenize", json=wrong_type), 400, "chat_template_kwargs.enable_thinking")
 
 
 async def test_detokenize_gives_the_text_back(client: httpx.AsyncClient, hf_tokenizer: Any) -> None:

@@ -14,7 +14,7 @@ from transformers_openai.protocol.tokenize import (
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools
-from transformers_openai.serving.text.template_variables import RENDERING_ARGUMENTS
+from transformers_openai.serving.text.template_variables import template_variables
 
 
 class TokenizeHandler:
@@ -72,15 +72,9 @@ class TokenizeHandler:
         return ids
 
     def _variables(self, request: TokenizeChatRequest) -> dict[str, Any]:
-        """The template's variables as chat renders with them: the server's defaults, then the request's own."""
-        own = request.chat_template_kwargs or {}
-        for key in own:
-            if key in RENDERING_ARGUMENTS:
-                raise BadRequestError(
-                    f"chat_template_kwargs cannot set '{key}': it is an argument of the template's rendering",
-                    param=f"chat_template_kwargs.{key}",
-                )
-        return {**self.ctx.default_template_kwargs, **own}
+        """The template's variables as chat renders with them (its checks and 400s): the server's defaults, then the
+        request's own."""
+        return template_variables(self.ctx.default_template_kwargs, request.chat_template_kwargs)
 
     def _check_model(self, model: str | None) -> None:
         if model is not None:  # optional here, as in vLLM
