@@ -94,8 +94,11 @@ def reference(model_dir: Path, images: list[Image.Image], text: str) -> str:
     return str(processor.tokenizer.decode(new[: new.index(eos)] if eos in new else new, skip_special_tokens=True))
 
 
-def metric(text: str, name: str) -> float:
+def metric(text: str, name: str, default: float | None = None) -> float:
+    """A metric's value; `default` for a counter not yet incremented (its line appears with its first rise)."""
     match = re.search(rf"^transformers_openai:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    if match is None and default is not None:
+        return default
     assert match, name
     return float(match.group(1))
 
@@ -133,10 +136,12 @@ def test_concurrent_image_chats_preempted_give_each_chats_own_greedy_text(
     assert metric(metrics, "num_preemptions_total") > 0
     assert metric(metrics, "kv_cache_blocks_used") == 0
 
-    # The first chat twice more, one after the other: the second finds the first's blocks.
+    # The first chat twice more, one after the other: the second finds the first's blocks (the first may not find
+    # the burst's, which the small pool may have given to others).
     images, text = chats[0]
     assert answers(vision_server, [message(images, text)]) == [got[0]]
-    hits = metric(httpx.get(f"{vision_server.root_url}/metrics", timeout=10).text, "prefix_cache_hits_total")
+    # The burst may have evicted the first chat's blocks: no hit counted yet is possible here.
+    hits = metric(httpx.get(f"{vision_server.root_url}/metrics", timeout=10).text, "prefix_cache_hits_total", 0.0)
     assert answers(vision_server, [message(images, text)]) == [got[0]]
     after = metric(httpx.get(f"{vision_server.root_url}/metrics", timeout=10).text, "prefix_cache_hits_total")
     assert after - hits >= 16
