@@ -272,9 +272,21 @@ def load_serving_context(
     else:
         context = _generation_context(settings, kind, model, tokenizer, quantization, observer, leader, ranks, phases)
     if processor is not None:
-        context = replace(context, vision=ProcessorPrompts(processor, ImageLimits.from_settings(settings)))
+        context = replace(context, vision=ProcessorPrompts(processor, image_limits(settings)))
     logger.info("start-up took %s", phases.summary())
     return context
+
+
+def image_limits(settings: Settings) -> ImageLimits:
+    """What a request's images may be, as the settings say (host names compared without case or final dot)."""
+    return ImageLimits(
+        max_images=settings.limit_mm_per_prompt,
+        max_pixels=settings.max_image_pixels,
+        max_bytes=settings.max_image_bytes,
+        allowed_domains=frozenset(d.strip().lower().rstrip(".") for d in settings.allowed_media_domains if d.strip()),
+        allow_private=settings.allow_private_media_urls,
+        fetch_timeout=settings.media_fetch_timeout,
+    )
 
 
 def _generation_context(

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from transformers_openai.quantization import QuantizationChoice, quantization_help
 
-ModelKind = Literal["auto", "causal-lm", "seq2seq", "whisper", "embedding"]
+ModelKind = Literal["auto", "causal-lm", "image-text-to-text", "seq2seq", "whisper", "embedding"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
 CommaList = Annotated[list[str], NoDecode]
 _BYTES = TypeAdapter(ByteSize)  # "4GiB", "512MB"
@@ -272,7 +272,8 @@ class Settings(BaseSettings):
 
     def batch_rows(self, kind: str) -> int:
         """--max-batch-size, or its default for a model of `kind` (a ModelKind other than auto)."""
-        return self.max_batch_size or (DECODER_BATCH_ROWS if kind == "causal-lm" else OTHER_BATCH_ROWS)
+        decoder = kind in ("causal-lm", "image-text-to-text")
+        return self.max_batch_size or (DECODER_BATCH_ROWS if decoder else OTHER_BATCH_ROWS)
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from transformers_openai.model_loader import image_limits
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.vision.fetch import IPAddress, MediaFetcher, is_public
 from transformers_openai.serving.vision.limits import ImageLimits
@@ -215,10 +216,10 @@ def test_limits_come_from_the_settings() -> None:
         allow_private_media_urls=True,
         media_fetch_timeout=2.5,
     )
-    limits = ImageLimits.from_settings(settings)
+    limits = image_limits(settings)
     assert (limits.max_images, limits.max_pixels, limits.max_bytes) == (3, 5000, 4096)
     assert limits.allowed_domains == {"images.example.com", "cdn.example.org"}
     assert limits.allow_private and limits.fetch_timeout == 2.5
     assert limits.allows_host("IMAGES.example.com.") and not limits.allows_host("evil.example.com")
-    assert not ImageLimits.from_settings(Settings(model="m")).allowed_domains  # none by default
+    assert not image_limits(Settings(model="m")).allowed_domains  # none by default
     assert ImageLimits(allowed_domains=frozenset({"*"})).allows_host("anything.example")
