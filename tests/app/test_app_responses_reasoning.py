@@ -6,6 +6,7 @@ a schema is enforced after the thought; `input_image` parts become chat image pa
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,12 +50,18 @@ class FakeVision:
         return [1, 2, 3], {}
 
 
+@functools.cache
+def _structured(tokenizer: Any) -> StructuredOutputs:
+    """One grammar compiler for the module's servers (building one reads the whole vocabulary)."""
+    return StructuredOutputs(copy.deepcopy(tokenizer))
+
+
 async def serve(fake: FakeEngine, hf_tokenizer: Any, **context: Any) -> Any:
     tokenizer = copy.deepcopy(hf_tokenizer)
     ready = replace(
         make_context(fake, tokenizer),
-        tokenizer=TokenizerService(tokenizer, THINK_TEMPLATE),
-        structured=StructuredOutputs(tokenizer),
+        tokenizer=TokenizerService(tokenizer, THINK_TEMPLATE, workers=1),
+        structured=_structured(hf_tokenizer),
         max_model_len=2048,
         reasoning_parser="qwen3",
         **context,
