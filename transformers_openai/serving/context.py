@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from numpy.typing import NDArray
 
 from transformers_openai.engine.request import EngineRequest, RequestOutput
-from transformers_openai.serving.errors import ModelNotFoundError
+from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
 from transformers_openai.serving.text.structured_output import StructuredOutputs
@@ -153,6 +153,12 @@ class ServingContext:
     # response_schema), and the chat template's variables for every request (a request's own override them).
     reasoning_parser: str = "none"
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def image_prompts(self) -> VisionPrompts:
+        """The model's prompts with images; a 400 naming the messages for a model that reads none."""
+        if self.vision is None:
+            raise BadRequestError(f"the model '{self.model_name}' does not read images", param="messages")
+        return self.vision
 
     def check_model(self, name: str) -> None:
         """A request must name the served model (its served name or its path): anything else is a 404."""

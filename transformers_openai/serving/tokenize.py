@@ -66,9 +66,7 @@ class TokenizeHandler:
         variables: dict[str, Any],
     ) -> list[int]:
         """A chat with images, as a vision-language model's processor renders it: each image's tokens counted."""
-        if self.ctx.vision is None:
-            raise BadRequestError(f"the model '{self.ctx.model_name}' does not read images", param="messages")
-        ids, _ = await self.ctx.vision.encode_chat(request.messages, tools, *ending, template_kwargs=variables)
+        ids, _ = await self.ctx.image_prompts().encode_chat(request.messages, tools, *ending, template_kwargs=variables)
         return ids
 
     def _variables(self, request: TokenizeChatRequest) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from transformers_openai.protocol import (
 )
 from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt
 from transformers_openai.serving.context import ServingContext
-from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools, delta_parts, tool_calls
 from transformers_openai.serving.text.prompt_scores import prompt_logprobs
 from transformers_openai.serving.text.reasoning import ReasoningFormat, reasoning_format
@@ -65,11 +64,9 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
 
     async def _image_prompt(self, request: ChatCompletionRequest, variables: dict[str, Any]) -> Prompt:
         """A chat with images, rendered and tokenized by a vision-language model's processor."""
-        if self.ctx.vision is None:
-            raise BadRequestError(f"the model '{request.model}' does not read images", param="messages")
         tools = self.tools.template_tools(request.offered_tools())
         ending = (request.add_generation_prompt, request.continue_final_message)
-        token_ids, inputs = await self.ctx.vision.encode_chat(
+        token_ids, inputs = await self.ctx.image_prompts().encode_chat(
             request.messages, tools, *ending, template_kwargs=variables
         )
         return Prompt(token_ids, encoder_inputs=inputs)
