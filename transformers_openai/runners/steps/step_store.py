@@ -106,8 +106,10 @@ def compiled_step(
     for argument, dim in dynamic:
         torch._dynamo.maybe_mark_dynamic(inputs[argument], dim)  # sizes of 1 stay specialised
     # The wrapper that calls the step's kernels in C++ too: Python's (views, size checks, one binding call per
-    # kernel) took a quarter of a 16-row step of a narrow model (`loadtest host-cost`).
-    options: dict[str, Any] = {"guard_filter_fn": _storable_guards, "cpp_wrapper": True}
+    # kernel) took a quarter of a 16-row step of a narrow model (`loadtest host-cost`). Its kernels take as many
+    # threads as the calling thread has at run time, not the count of the compiling process baked in: one stored
+    # step serves any thread count, and the engine may run it on fewer threads while another process holds a core.
+    options: dict[str, Any] = {"guard_filter_fn": _storable_guards, "cpp_wrapper": True, "cpp.dynamic_threads": True}
     compiler: Any = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
     compiled = compiler.aot_compile((tuple(inputs), {}))
     if path is not None:
