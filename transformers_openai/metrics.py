@@ -102,6 +102,12 @@ class Metrics:
             [*labels, "kind", "quantization"],
             registry=r,
         )
+        self.decode_step_compiled = gauge(
+            "decode_step_compiled",
+            "Whether decode steps run compiled (1) or eagerly (0), on a CPU: eager from the start while the compiled "
+            "step is made in the background, then 1 once it is swapped in.",
+        )
+        self.decode_step_compiled.labels(model_name).set(0)
         self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
         self.real_time_factor = histogram(
             "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
@@ -109,6 +115,9 @@ class Metrics:
 
     def on_model_loaded(self, kind: str, quantization: str) -> None:
         self.model_info.labels(self._model, kind, quantization).set(1)
+
+    def on_decode_step_compiled(self, compiled: bool) -> None:
+        self.decode_step_compiled.labels(self._model).set(1 if compiled else 0)
 
     # -- EngineObserver
     def on_step(self, stats: StepStats) -> None:

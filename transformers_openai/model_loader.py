@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -39,6 +40,7 @@ from transformers_openai.engine.intra_op_threads import IntraOpThreads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
+from transformers_openai.metrics import Metrics
 from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.parallel.checks import tensor_parallel_problem
 from transformers_openai.parallel.leader import Leader
@@ -63,6 +65,7 @@ from transformers_openai.serving.tokenizer import TokenizerService, engine_decod
 from transformers_openai.serving.vision.limits import ImageLimits
 from transformers_openai.serving.vision.prompts import ProcessorPrompts
 from transformers_openai.settings import Settings
+from transformers_openai.step_compiler import compile_in_child
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +315,8 @@ def _generation_context(
     rows = settings.batch_rows(kind)
     runner, speech_runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
     phases.done("K/V cache")
-    prepared = runner.prepare(_acceleration(settings, model, quantization, leader, ranks))
+    on_compiled = observer.on_decode_step_compiled if isinstance(observer, Metrics) else None
+    prepared = runner.prepare(_acceleration(settings, model, quantization, leader, ranks, kv_space, on_compiled))
     for done in prepared.done:
         phases.done(done)
     if prepared.asynchronous:
@@ -354,11 +358,18 @@ def _processor(model: str) -> Any:
 
 
 def _acceleration(
-    settings: Settings, model: PreTrainedModel, quantization: str, leader: Leader | None, ranks: Ranks | None
+    settings: Settings,
+    model: PreTrainedModel,
+    quantization: str,
+    leader: Leader | None,
+    ranks: Ranks | None,
+    kv_space: KVSpace,
+    on_compiled: Callable[[bool], None] | None = None,
 ) -> Acceleration:
-    """What a runner may set up before serving: on a GPU CUDA graphs; on a CPU decode steps compiled (or loaded as an
-    earlier start compiled them; quantized layers keep their own kernels, eagerly) and kernels that read K/V in place,
-    kept in the compile store; with tensor parallelism, steps run on every rank."""
+    """What a runner may set up before serving: on a GPU CUDA graphs; on a CPU decode steps compiled (quantized layers
+    keep their own kernels, eagerly) and kernels that read K/V in place, kept in the compile store: compiled in a
+    child process (`step_compiler.py`, over the K/V geometry of `kv_space`) or loaded as an earlier start compiled
+    them, and swapped in while eager steps serve; with tensor parallelism, steps run on every rank."""
     distribute = None
     if leader is not None and ranks is not None:
         distribute = partial(leader.lead, ranks=ranks)
@@ -371,7 +382,36 @@ def _acceleration(
         logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
         compiled = False
     store = private_store(settings.compile_cache_dir)
-    return Acceleration(compiled=compiled, kernels=True, store=store, distribute=distribute)
+    elsewhere = partial(compile_in_child, settings, kv_space, store)
+    return Acceleration(
+        compiled=compiled,
+        kernels=True,
+        store=store,
+        distribute=distribute,
+        compile_elsewhere=elsewhere,
+        on_compiled=on_compiled,
+    )
+
+
+def compile_steps_alone(settings: Settings, kv_space: KVSpace, store: Path) -> bool:
+    """A server's decode steps compiled into `store` by a process of its own (`step_compiler.py`): the model loaded,
+    packed and given a K/V pool of `kv_space` as the server did, so the steps' key and guards match the server's.
+    False where no compiled step applies, or the compile failed."""
+    source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
+    config = AutoConfig.from_pretrained(settings.model, **source)
+    sentence_transformers = not settings.gguf_file and sentence_transformers_dir(settings.model) is not None
+    kind = served_kind(config, settings.model_kind, sentence_transformers)
+    spec = MODEL_KINDS[kind]
+    if spec.build_runner is None:
+        return False
+    device = torch.device("cpu")
+    dtype = resolve_dtype(settings.dtype, device)
+    model, _ = _load_model(settings, config, spec.model_class, device, dtype, None, StartupPhases())
+    if settings.pack_cpu_weights:
+        pack_linear_layers(model)
+    max_len = spec.context_length(model, settings.max_model_len)
+    runner, _ = spec.build_runner(model, settings.batch_rows(kind), max_len, max_len, kv_space)
+    return bool(runner.prepare(Acceleration(compiled=True, kernels=True, store=store)).done)
 
 
 def _serving_context(

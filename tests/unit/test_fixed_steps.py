@@ -7,6 +7,7 @@ itself needs a GPU: `stress-test/cuda_run.sh breakdown`.)"""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,9 @@ from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.block_table import NULL_BLOCK
+from transformers_openai.runners.steps import fixed_steps as fixed_steps_module
 from transformers_openai.runners.steps.fixed_steps import batch_buckets, width_buckets
-from transformers_openai.runners.steps.step_store import has_cxx_compiler
+from transformers_openai.runners.steps.step_store import has_cxx_compiler, traced_sources
 
 torch.set_num_threads(1)
 
@@ -145,6 +147,38 @@ def test_fixed_steps_under_batching_match_generate(
         assert taken["kernel"] == 0
 
 
+@pytest.mark.parametrize("reading", ["gathered", "in-place"])
+def test_the_store_key_covers_every_module_the_decode_step_runs(tiny_llama_dir: Path, reading, tmp_path) -> None:
+    """The compiled step's store key hashes the source of `TRACED_MODULES` only: the eager decode step, which is
+    what the compiler traces, calls into no other module of this package (packed weights and the in-place kernel
+    included)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    pack_linear_layers(model)
+    runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
+    assert runner.fix_steps(graphs=False, prefills=False)
+    fixed = runner.fixed
+    assert fixed is not None
+    if reading == "in-place" and not (has_cxx_compiler() and fixed.read_in_place(tmp_path)):
+        pytest.skip("the kernel is built with a C++ compiler")
+    package = Path(fixed_steps_module.__file__).resolve().parents[2]
+    called: set[str] = set()
+
+    def record(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(str(package)):
+            called.add(str(Path(frame.f_code.co_filename).resolve()))
+
+    with torch.inference_mode():
+        for rows in (1, 2):
+            example = fixed._example((rows, 1, 2))
+            sys.setprofile(record)
+            try:
+                example[0]._device_step(*example[1:])
+            finally:
+                sys.setprofile(None)
+    assert str(Path(fixed_steps_module.__file__).resolve()) in called
+    assert called <= {str(source) for source in traced_sources()}
+
+
 def test_slots_never_written_do_not_reach_attention(model, tokenizer, prompts, reference) -> None:
     """A pool whose unwritten slots hold NaN (as fresh `torch.empty` memory may): the padded columns of a fixed
     step read the zero block instead, so nothing changes."""
@@ -197,7 +231,9 @@ def test_fixed_steps_need_plain_causal_attention(tiny_llama_dir: Path) -> None:
 @pytest.mark.skipif(
     not has_cxx_compiler(), reason="torch.compile's CPU kernels need a C++ compiler (scripts/test.sh installs g++)"
 )
-@pytest.mark.parametrize("weights", ["plain", "packed"])
+# Packed (oneDNN) weights: the server's default, compiled in a child process and loaded by the server in
+# tests/e2e/test_background_compile.py.
+@pytest.mark.parametrize("weights", ["plain"])
 def test_compiled_decode_under_batching_matches_generate(
     tiny_llama_dir, tokenizer, prompts, weights, tmp_path, caplog
 ) -> None:

@@ -131,7 +131,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "packed_linear": frozenset(),
     "logs": frozenset(),
 }
-COMPOSITION_ROOT = frozenset({"main", "model_loader", "embedding_loader", "__init__"})
+COMPOSITION_ROOT = frozenset({"main", "server", "step_compiler", "model_loader", "embedding_loader", "__init__"})
 WEB = ("fastapi", "starlette", "sse_starlette", "uvicorn")
 
 

@@ -1,8 +1,10 @@
 """Compiled steps kept on disk (`step_store.py`): a stored step is loaded, not compiled again, and computes
 what its function does; one stored for other shapes fails its guards and is compiled anew (and stored over it); a
-file that cannot be read is compiled anew too; the C++ inductor builds for a step is kept beside it. Guards on a
-model's module structure are not stored, those on its weights are; a compile records which instruction sets
-inductor's probe accepted, and a later start on a CPU reporting those same sets is spared the probe."""
+file that cannot be read is compiled anew too; one stored under another torch thread count is loaded; the key hashes
+the source of the modules the step's trace goes through, not the whole package; the C++ inductor builds for a step
+is kept beside it. Guards on a model's module structure are not stored, those on its weights are; a compile records
+which instruction sets inductor's probe accepted, and a later start on a CPU reporting those same sets is spared the
+probe."""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.cpu_vec_isa import VecISA, valid_vec_isa_list
 
+from transformers_openai import settings
+from transformers_openai.runners.steps import fixed_steps, step_store
 from transformers_openai.runners.steps.step_store import (
     VEC_ISA_RECORD,
     compiled_step,
     has_cxx_compiler,
     store_key,
+    stored_step,
+    traced_sources,
     trust_recorded_vec_isas,
     usable_vec_isas,
 )
@@ -40,16 +46,26 @@ def project(owner: Weights, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_stored_step_is_loaded_and_computes_its_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored under one torch thread, loaded under two (the thread count is not part of what it was compiled
+    for); the rest of torch's global state is: grad mode differing, the stored step is not used."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))  # restored after
     owner, x = Weights(3), torch.randn(5, 8)
     path = tmp_path / "step.bin"
-    first, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
-    assert not loaded and path.exists()
-    # Inductor's cache beside the stored step, holding the shared library it built for it.
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
-    assert any((tmp_path / "inductor").rglob("*.so"))
-    again, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
-    assert loaded
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
+        assert not loaded and path.exists()
+        # Inductor's cache beside the stored step, holding the shared library it built for it.
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+        assert any((tmp_path / "inductor").rglob("*.so"))
+        torch.set_num_threads(2)
+        again, loaded = compiled_step(project, (owner, x), [(1, 0)], path)
+        assert loaded
+        with torch.no_grad():
+            assert stored_step(project, (owner, x), path) is None
+    finally:
+        torch.set_num_threads(threads)
     other_owner, more_rows = Weights(3), torch.randn(9, 8)  # a symbolic batch; new weights of the same shape
     assert torch.allclose(again(other_owner, more_rows), project(other_owner, more_rows))
     assert torch.allclose(first(owner, x), project(owner, x))
@@ -72,6 +88,24 @@ def test_a_step_stored_for_other_shapes_or_unreadable_is_compiled_anew(tmp_path:
 def test_the_key_names_what_guards_do_not_check() -> None:
     assert store_key(["model a"]) == store_key(["model a"])
     assert store_key(["model a"]) != store_key(["model b"])
+
+
+def test_the_key_hashes_the_traced_modules_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change to a module the step's trace goes through changes the key; one to another module does not (the
+    package's other files are not read)."""
+    sources = traced_sources()
+    assert Path(fixed_steps.__file__).resolve() in sources
+    assert Path(settings.__file__).resolve() not in sources
+    copies = {}
+    for source in sources:
+        copy = tmp_path / source.name
+        copy.write_bytes(source.read_bytes())
+        copies[source] = copy
+    monkeypatch.setattr(step_store, "PACKAGE", tmp_path)
+    monkeypatch.setattr(step_store, "traced_sources", lambda modules: sorted(copies.values()))
+    before = store_key(["model a"])
+    copies[Path(fixed_steps.__file__).resolve()].write_text("# changed\n")
+    assert store_key(["model a"]) != before
 
 
 class Layers(torch.nn.Module):

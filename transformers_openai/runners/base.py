@@ -151,13 +151,18 @@ class StepOutput:
 class Acceleration:
     """What a runner may set up before it serves, as the loader allows it: CUDA graphs (`graphs`), decode steps
     compiled by torch.compile (`compiled`), kernels reading the pool in place (`kernels`), kept in `store` between
-    starts; `distribute` wraps its step executor to run every step on all tensor-parallel ranks."""
+    starts; `distribute` wraps its step executor to run every step on all tensor-parallel ranks. With
+    `compile_elsewhere` (compiles this model's steps into `store` in another process, returning when done), the
+    compiled steps are made ready in the background and swapped in while eager steps serve; `on_compiled` is told
+    whether decode steps run compiled."""
 
     graphs: bool = False
     compiled: bool = False
     kernels: bool = False
     store: Path | None = None
     distribute: Callable[[StepExecutor], StepExecutor] | None = None
+    compile_elsewhere: Callable[[], None] | None = None
+    on_compiled: Callable[[bool], None] | None = None
 
 
 @dataclass(frozen=True)

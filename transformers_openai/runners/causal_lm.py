@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from transformers_openai.runners.kernels.paged_attention import use_paged_attent
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace
 from transformers_openai.runners.prefill_groups import length_groups
+from transformers_openai.runners.steps.background_steps import BackgroundSteps
 from transformers_openai.runners.steps.fixed_steps import FixedSteps
 from transformers_openai.runners.steps.paged_step import PagedStep, StepExecutor
 
@@ -59,6 +60,7 @@ class CausalLMRunner:
         self.spec = RunnerSpec(max_rows, min(max_model_len, pool.token_capacity - 1), pool)
         self.executor: StepExecutor = PagedStep(model, self._pool.cache, grouped)
         self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
+        self._background: BackgroundSteps | None = None  # compiled steps on their way (`compile_in_background`)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         """Tensor parallelism first (the executor runs each step on every rank), then CUDA graphs, or on a CPU the
@@ -67,6 +69,11 @@ class CausalLMRunner:
             self.executor = acceleration.distribute(self.executor)
         if acceleration.graphs and self.fix_steps(graphs=True):
             return Prepared(("CUDA graphs",), asynchronous=True)
+        elsewhere, store = acceleration.compile_elsewhere, acceleration.store
+        if acceleration.compiled and elsewhere is not None and store is not None:
+            if self.compile_in_background(store, elsewhere, acceleration.on_compiled):
+                return Prepared(("decode step compiling in the background",))
+            return Prepared()
         if acceleration.compiled and self.fix_steps(
             graphs=False, compiled=True, prefills=False, store=acceleration.store
         ):
@@ -88,16 +95,9 @@ class CausalLMRunner:
         (default: as graphs are). Only for plain causal attention run by this process's own executor (not under
         tensor parallelism); False where it does not apply, or where the graphs could not be captured or compiled
         (steps then run as before)."""
-        if not self._grouped or not isinstance(self.executor, PagedStep):
+        fixed = self._fixed_steps(graphs if buckets is None else buckets, prefills)
+        if fixed is None:
             return False
-        pool, max_rows = self.spec.kv_pool, self.spec.max_rows
-        max_blocks = min(pool.blocks_for(self.spec.max_model_len + 1), pool.usable)
-        padded = graphs if buckets is None else buckets
-        # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
-        most = max(pool.usable * pool.block_size, max_rows * pool.block_size * 2)
-        fixed = FixedSteps(
-            self.executor.forward_planned, self._pool.cache, max_rows, max_blocks, padded, most, prefills
-        )
         try:
             if compiled:
                 self._read_in_place(fixed, store)
@@ -110,6 +110,43 @@ class CausalLMRunner:
             return False
         self.fixed = fixed
         return True
+
+    @torch.inference_mode()
+    def compile_in_background(
+        self, store: Path, compile_elsewhere: Callable[[], None], on_compiled: Callable[[bool], None] | None = None
+    ) -> bool:
+        """Decode steps run eagerly now and compiled once `compile_elsewhere` has compiled them into `store` (or
+        at once from there where an earlier start did) and they are loaded: swapped in by `execute` between two
+        steps (`background_steps.py`). False where compiled steps do not apply (as `fix_steps`)."""
+        fixed = self._fixed_steps(buckets=False, prefills=False)
+        if fixed is None:
+            return False
+        self._background = BackgroundSteps(fixed, store, self._layout(), compile_elsewhere, on_compiled)
+        self._background.start()
+        return True
+
+    def _fixed_steps(self, buckets: bool, prefills: bool) -> FixedSteps | None:
+        """Fixed steps over this runner's pool (`fixed_steps.py`), not yet stepping; None where they do not apply
+        (plain causal attention run by this process's own executor only)."""
+        if not self._grouped or not isinstance(self.executor, PagedStep):
+            return None
+        pool, max_rows = self.spec.kv_pool, self.spec.max_rows
+        max_blocks = min(pool.blocks_for(self.spec.max_model_len + 1), pool.usable)
+        # A step may read as many columns as the pool holds tokens (at least two blocks a row: short steps fit).
+        most = max(pool.usable * pool.block_size, max_rows * pool.block_size * 2)
+        cache = self._pool.cache
+        return FixedSteps(self.executor.forward_planned, cache, max_rows, max_blocks, buckets, most, prefills)
+
+    def _swap_steps(self) -> None:
+        """Compiled steps made ready in the background are taken here, between two steps."""
+        background = self._background
+        assert background is not None
+        done = background.finished.is_set()  # before `take`: steps made ready before it was set are taken now
+        fixed = background.take()
+        if fixed is not None:
+            self.fixed = fixed
+        if fixed is not None or done:
+            self._background = None
 
     @staticmethod
     def _read_in_place(fixed: FixedSteps, store: Path | None) -> None:
@@ -136,6 +173,8 @@ class CausalLMRunner:
 
     @torch.inference_mode()
     def execute(self, step: Step) -> StepOutput:
+        if self._background is not None:
+            self._swap_steps()
         if step.probe:  # writes the rows' next slots, which nothing records: the next real step overwrites them
             self._step([(row.table, [row.token]) for row in step.decodes], keep=1)
             return StepOutput()

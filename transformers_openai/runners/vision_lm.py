@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,15 @@ class VisionLMRunner(CausalLMRunner):
             logger.info("multimodal positions (M-RoPE): steps run eagerly")
             return False
         return super().fix_steps(graphs, buckets, compiled, prefills, store)
+
+    def compile_in_background(
+        self, store: Path, compile_elsewhere: Callable[[], None], on_compiled: Callable[[bool], None] | None = None
+    ) -> bool:
+        """As a decoder's, except for a model with multimodal positions (as `fix_steps`)."""
+        if self._mrope is not None:
+            logger.info("multimodal positions (M-RoPE): steps run eagerly")
+            return False
+        return super().compile_in_background(store, compile_elsewhere, on_compiled)
 
     def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
         """The vision tower's work in prompt-token units: one per patch of every image tile it reads."""

@@ -34,7 +34,7 @@ from transformers_openai.packed_linear import register_compilable_op
 from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.kv.block_table import NULL_BLOCK, BlockTable
 from transformers_openai.runners.kv.paged_cache import AttentionGroup, InPlaceDecode, PagedKVCache, StepPlan
-from transformers_openai.runners.steps.step_store import compiled_step, store_key
+from transformers_openai.runners.steps.step_store import compiled_step, store_key, stored_step
 
 logger = logging.getLogger(__name__)
 
@@ -289,27 +289,71 @@ class FixedSteps:
         Batch size and width are symbolic, so one graph serves every step of two rows or more. The compiler
         specialises sizes of 1: a step of one row gets a graph of its own (padding it to two rows would slow the
         single stream), while widths are padded to at least two blocks (each graph costs a long compile)."""
-        register_compilable_op()
-        width = self._least_width = min(2, self.max_blocks)
-        sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
-        sizes += f", in place {self._in_place}"  # a graph calling the kernel needs it registered
-        key = store_key([*model_key, sizes])
+        key = self._compile_key(model_key)
         started = time.monotonic()
-        shapes = [(rows, 1, width) for rows in (1, 2) if rows <= self.max_rows]
         # Kept apart until both are made: the second graph's guards on `self` would take in the first (which cannot
         # be stored), and a later start, loading it, would not see this object as it was when it was compiled.
         steps = {}
+        shapes = self._compiled_shapes()
         for done, shape in enumerate(shapes, 1):
-            self._grid(*shape)  # every row a padding row: reads and writes the trash block
-            example = (self, *self._inputs(*shape))
-            # Symbolic: the width (argument 3, dim 1) and, for two rows or more, the batch (dim 0 of every input).
+            example = self._example(shape)
             dynamic = [(3, 1)] + ([(1, 0), (2, 0), (3, 0)] if shape[0] > 1 else [])
-            path = None if store is None else store / f"decode-{min(shape[0], 2)}-{key}.bin"  # 2: two rows or more
+            path = None if store is None else self._stored_path(store, key, shape)
             steps[shape[0]], loaded = compiled_step(FixedSteps._device_step, example, dynamic, path)
-            steps[shape[0]](*example)
             what = "loaded" if loaded else "compiled"
             logger.info("%s %d/%d decode step graphs (%.1f s)", what, done, len(shapes), time.monotonic() - started)
-        self._compiled = steps
+        self.install(steps)
+
+    def stored(self, store: Path, model_key: Sequence[str] = ()) -> dict[int, Callable[..., torch.Tensor]] | None:
+        """The compiled decode steps an earlier compile left in `store` for this model (`model_key`) and these
+        sizes, loaded and their guards checked, nothing run (so off the thread that runs the steps, while it runs
+        them eagerly, as long as this object is not yet stepping); None when one is missing or refused."""
+        key = self._compile_key(model_key)
+        steps = {}
+        for shape in self._compiled_shapes():
+            step = stored_step(FixedSteps._device_step, self._example(shape), self._stored_path(store, key, shape))
+            if step is None:
+                return None
+            steps[shape[0]] = step
+        return steps
+
+    def has_stored(self, store: Path, model_key: Sequence[str] = ()) -> bool:
+        """Whether `store` holds a file for every compiled decode step of this model and these sizes (unchecked)."""
+        key = self._compile_key(model_key)
+        return all(self._stored_path(store, key, shape).exists() for shape in self._compiled_shapes())
+
+    def install(self, steps: dict[int, Callable[..., torch.Tensor]]) -> None:
+        """Decode steps from now on run `steps` (one row: key 1; two rows or more: key 2), each run once here on
+        padding rows first (lazy initialisations: a failure surfaces here, not in a request's step)."""
+        for rows, step in steps.items():
+            step(*self._example((rows, 1, self._least_width)))
+        self._compiled = dict(steps)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode steps run compiled."""
+        return bool(self._compiled)
+
+    def _compile_key(self, model_key: Sequence[str]) -> str:
+        """The store key of this object's compiled decode steps (and the width they are padded to, set here)."""
+        register_compilable_op()
+        self._least_width = min(2, self.max_blocks)
+        sizes = f"rows {self.max_rows}, blocks {self.max_blocks} of {self.cache.block_size}, {self.cache.trash_block}"
+        sizes += f", in place {self._in_place}"  # a graph calling the kernel needs it registered
+        return store_key([*model_key, sizes])
+
+    def _compiled_shapes(self) -> list[tuple[int, int, int]]:
+        return [(rows, 1, self._least_width) for rows in (1, 2) if rows <= self.max_rows]
+
+    def _example(self, shape: tuple[int, int, int]) -> tuple[Any, ...]:
+        """The arguments of the compiled step of that shape, the staged rows all padding (they read and write the
+        trash block)."""
+        self._grid(*shape)
+        return (self, *self._inputs(*shape))
+
+    @staticmethod
+    def _stored_path(store: Path, key: str, shape: tuple[int, int, int]) -> Path:
+        return store / f"decode-{min(shape[0], 2)}-{key}.bin"  # 2: two rows or more
 
     def _inputs(self, batch: int, queries: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs of the step of the first `batch` rows of the buffers, `queries` each, over `width` blocks."""

@@ -2,15 +2,19 @@
 and loaded by later starts in a second or two where compiling takes minutes.
 
 A stored step is found by a key over everything its compiled code depends on that its guards do not check: the
-versions of torch and transformers, this package's source, the CPU's instruction set and what the caller names (the
-model's configuration, its weights' layout, the step's sizes). Its guards then check the rest on load (the shapes,
-strides and dtypes of the weights, the K/V pool and the step's buffers), once: a step whose guards fail is compiled
-anew and stored over the old one. Calls skip the guards: the caller only ever passes inputs of the compiled layout.
+versions of torch and transformers, the source of the modules a decode step's trace goes through (`TRACED_MODULES`,
+not the whole package: an unrelated change does not recompile), the CPU's instruction set and what the caller names
+(the model's configuration, its weights' layout, the step's sizes). Its guards then check the rest on load (the
+shapes, strides and dtypes of the weights, the K/V pool and the step's buffers), once: a step whose guards fail is
+compiled anew and stored over the old one. Calls skip the guards: the caller only ever passes inputs of the compiled
+layout. Torch's thread count is not among them: a step stored under one count serves any other (`GLOBAL_STATE`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 import platform
@@ -35,6 +39,22 @@ PACKAGE = Path(__file__).resolve().parents[2]  # transformers_openai
 KEPT_MODULE_GUARDS = frozenset({"TENSOR_MATCH"})
 MODULE_SOURCE = "._modules["
 VEC_ISA_RECORD = "vec-isa"  # in a store: the instruction sets inductor's probe accepted (trust_recorded_vec_isas)
+COMPILE_SECONDS_RECORD = "compile-seconds"  # in a store: how long the last compile of a decode step took
+# The modules whose code a decode step's trace runs (or whose constants and compile options it bakes in): the store
+# key hashes their source. tests/unit/test_fixed_steps.py fails when the step calls into a module of this package
+# missing here.
+TRACED_MODULES = (
+    "transformers_openai.packed_linear",
+    "transformers_openai.runners.kernels.paged_attention",
+    "transformers_openai.runners.kernels.paged_decode_kernel",
+    "transformers_openai.runners.kv.block_table",
+    "transformers_openai.runners.kv.paged_cache",
+    "transformers_openai.runners.steps.fixed_steps",
+    "transformers_openai.runners.steps.paged_step",
+    "transformers_openai.runners.steps.step_store",
+)
+# The global state a stored step was compiled under is checked on load without this entry (`_global_state`).
+THREAD_COUNT_STATE = "num_threads"
 
 
 def cxx_compiler() -> str | None:
@@ -50,17 +70,44 @@ def has_cxx_compiler() -> bool:
     return cxx_compiler() is not None
 
 
-def store_key(parts: Iterable[str]) -> str:
-    """The key of a stored step: the caller's `parts` with the versions, this package's source and the CPU's
-    instruction set."""
+def store_key(parts: Iterable[str], modules: Iterable[str] = TRACED_MODULES) -> str:
+    """The key of a stored step: the caller's `parts` with the versions, the source of the traced `modules` and the
+    CPU's instruction set."""
     digest = hashlib.sha256()
     for part in (torch.__version__, metadata.version("transformers"), platform.machine(), cpu_flags(), *parts):
         digest.update(part.encode())
         digest.update(b"\0")
-    for source in sorted(PACKAGE.rglob("*.py")):
+    for source in traced_sources(modules):
         digest.update(source.relative_to(PACKAGE).as_posix().encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:32]
+
+
+def traced_sources(modules: Iterable[str] = TRACED_MODULES) -> list[Path]:
+    """The source files of `modules` (found without importing them)."""
+    found = []
+    for name in sorted(modules):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(f"no source for the traced module {name}")
+        found.append(Path(spec.origin).resolve())
+    return found
+
+
+def record_compile_seconds(store: Path, seconds: float) -> None:
+    """Keeps in `store` how long a compile of the decode step took, for the next start's log."""
+    try:
+        (store / COMPILE_SECONDS_RECORD).write_text(f"{seconds:.0f}\n")
+    except OSError:
+        logger.debug("could not record the compile's duration in %s", store, exc_info=True)
+
+
+def last_compile_seconds(store: Path) -> float | None:
+    """How long the last compile of a decode step in `store` took (None: none recorded)."""
+    try:
+        return float((store / COMPILE_SECONDS_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def cpu_flags() -> str:
@@ -85,21 +132,9 @@ def compiled_step(
     when a step stored there passes its guards on `example`, else compiled here (minutes) and stored there. True
     when loaded."""
     if path is not None:
-        keep_compiler_cache(path.parent)
-    if path is not None and path.exists():
-        trust_recorded_vec_isas(path.parent)
-        try:
-            with path.open("rb") as stored:
-                loaded: Any = torch.compiler.load_compiled_function(stored, f_globals=fn.__globals__)
-            if loaded.guard_check(*example):
-                loaded.disable_guard_check()
-                return loaded, True
-            failed = loaded._artifacts.guard_manager.check_verbose(loaded.prepare_f_locals(*example))
-            logger.info(
-                "the step in %s was compiled for other inputs (%s): compiling anew", path, failed.verbose_code_parts
-            )
-        except Exception:  # a file cut short, or written by an incompatible build
-            logger.warning("could not load the compiled step in %s: compiling anew", path, exc_info=True)
+        loaded = stored_step(fn, example, path)
+        if loaded is not None:
+            return loaded, True
     # Marked on aliases of their own (same strides and offsets): the caller's tensors stay unmarked (a loaded step's
     # guards reject marked ones).
     inputs = [value[...] if isinstance(value, torch.Tensor) else value for value in example]
@@ -117,10 +152,53 @@ def compiled_step(
             path.parent.mkdir(parents=True, exist_ok=True)
             compiled.save_compiled_function(str(path))
             (path.parent / VEC_ISA_RECORD).write_text(usable_vec_isas())
+            _state_record(path).write_text(_global_state())
         except (OSError, RuntimeError):
             logger.warning("could not store the compiled step in %s: the next start compiles it again", path)
     compiled.disable_guard_check()
     return compiled, False
+
+
+def stored_step(fn: Callable[..., torch.Tensor], example: Sequence[Any], path: Path) -> Any:
+    """The step stored at `path` for calls like `example`, guards checked once (then off); None when there is none,
+    it cannot be read, or it was compiled for other inputs or another global state (said in the log). Loads only:
+    a caller off the thread that runs the step may call it (nothing is run)."""
+    keep_compiler_cache(path.parent)
+    if not path.exists():
+        return None
+    trust_recorded_vec_isas(path.parent)
+    try:
+        recorded = _state_record(path).read_text()
+    except OSError:
+        recorded = None
+    if recorded != _global_state():
+        logger.info("the step in %s was compiled under another global state (%s): not used", path, recorded)
+        return None
+    try:
+        with path.open("rb") as stored:
+            loaded: Any = torch.compiler.load_compiled_function(stored, f_globals=fn.__globals__)
+        if loaded.guard_check(*example):
+            loaded.disable_guard_check()
+            return loaded
+        failed = loaded._artifacts.guard_manager.check_verbose(loaded.prepare_f_locals(*example))
+        logger.info("the step in %s was compiled for other inputs (%s): not used", path, failed.verbose_code_parts)
+    except Exception:  # a file cut short, or written by an incompatible build
+        logger.warning("could not load the compiled step in %s", path, exc_info=True)
+    return None
+
+
+def _global_state() -> str:
+    """Torch's global state a compiled step depends on (grad mode, default dtype, autocast, deterministic algorithms,
+    torch function modes...), as dynamo's GLOBAL_STATE guard reads it, less the thread count: inductor's kernels
+    take the calling thread's count at run time (`cpp.dynamic_threads`)."""
+    state = json.loads(str(torch._C._dynamo.guards.GlobalStateGuard().__getstate__()))
+    state.pop(THREAD_COUNT_STATE, None)
+    return json.dumps(state, sort_keys=True)
+
+
+def _state_record(path: Path) -> Path:
+    """Where the global state the step at `path` was compiled under is kept."""
+    return path.with_suffix(".state")
 
 
 def private_store(path: Path) -> Path:
@@ -212,7 +290,9 @@ def _storable_guards(entries: Sequence[Any]) -> list[bool]:
     submodules, only those on tensors. The others read what the code and the model's configuration decide, which
     the key pins (the versions, this package's source, the configuration, each module's name and type): a module's
     type, its hook dicts being empty, its integer and flag attributes. They were nine in ten of a decode step's
-    guards, and a start builds each kept guard again (most of the time a load took)."""
+    guards, and a start builds each kept guard again (most of the time a load took). Not the guard on torch's global
+    state either: it refuses a step under another thread count, and the rest of what it reads is recorded beside the
+    step and compared on load (`_global_state`)."""
     unstorable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [
         not (
@@ -220,7 +300,7 @@ def _storable_guards(entries: Sequence[Any]) -> list[bool]:
             or entry.guard_type in unstorable
             or any(kind in unstorable for kind in entry.derived_guard_types)
             or (entry.has_value and isinstance(entry.value, torch.Tensor) and entry.value.layout != torch.strided)
-            or entry.guard_type == "EMPTY_NN_MODULE_HOOKS_DICT"
+            or entry.guard_type in ("EMPTY_NN_MODULE_HOOKS_DICT", "GLOBAL_STATE")
             or (MODULE_SOURCE in entry.name and entry.guard_type not in KEPT_MODULE_GUARDS)
         )
         for entry in entries
