@@ -24,7 +24,7 @@ from transformers_openai.settings import Settings
 if TYPE_CHECKING:
     from transformers_openai.runners.kv.kv_pool import KVSpace
 
-NICENESS = 5  # the child's priority below the server's: serving comes first on a busy machine
+NICENESS = 10  # the child's priority below the server's: serving comes first on a busy machine
 
 
 def compile_in_child(settings: Settings, kv_space: KVSpace, store: Path) -> None:

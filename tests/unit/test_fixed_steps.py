@@ -179,6 +179,27 @@ def test_the_store_key_covers_every_module_the_decode_step_runs(tiny_llama_dir: 
     assert called <= {str(source) for source in traced_sources()}
 
 
+def test_a_background_compile_that_fails_leaves_eager_steps_serving(
+    model, tokenizer, prompts, reference, tmp_path, caplog
+) -> None:
+    """The server's compiled step is made in the background (`compile_in_background`): when its compile fails,
+    steps go on eagerly with the same outputs, and the log says so."""
+    runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
+    told: list[bool] = []
+
+    def fails() -> None:
+        raise RuntimeError("the compile process exited with code 1")
+
+    with caplog.at_level(logging.INFO, logger="transformers_openai.runners.steps.background_steps"):
+        assert runner.compile_in_background(tmp_path, fails, told.append)
+        background = runner._background
+        assert background is not None and background.finished.wait(120)
+        assert drive(runner, tokenizer, prompts) == reference
+    assert runner.fixed is None and runner._background is None
+    assert told == [False]
+    assert "decode steps stay eager" in caplog.text
+
+
 def test_slots_never_written_do_not_reach_attention(model, tokenizer, prompts, reference) -> None:
     """A pool whose unwritten slots hold NaN (as fresh `torch.empty` memory may): the padded columns of a fixed
     step read the zero block instead, so nothing changes."""
