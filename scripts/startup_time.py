@@ -1,6 +1,8 @@
 """Times a serve script from launch until GET /health answers 200 and until its first chat is answered, then stops
 it: how long a (re)start takes. With `--until-compiled`, also how long until the compiled decode step is swapped in
-(`/metrics`: decode_step_compiled) and a greedy answer's output tokens/s before and after the swap.
+(`/metrics`: decode_step_compiled) and a greedy answer's output tokens/s before and after the swap; with
+`--against-eager`, then the compiled server's speed against an eager one's (`--no-cpu-compile`, started beside it),
+their chats interleaved.
 
     python scripts/startup_time.py                              # bash scripts/serve-smollm2.sh, twice
     python scripts/startup_time.py --fresh-store --until-compiled   # a first start with an empty compile store
@@ -62,6 +64,7 @@ def main() -> int:
     parser.add_argument("--fresh-store", action="store_true", help="the runs share a new, empty compile store")
     parser.add_argument("--until-compiled", action="store_true", help="wait for the compiled step; speed around it")
     parser.add_argument("--repeats", type=int, default=3, help="chats per speed figure (default: %(default)s)")
+    parser.add_argument("--against-eager", action="store_true", help="compiled against eager, interleaved")
     parser.add_argument("command", nargs="*", default=["bash", "scripts/serve-smollm2.sh"])
     args = parser.parse_args()
     extra = ["--compile-cache-dir", tempfile.mkdtemp(prefix="startup-time-store-")] if args.fresh_store else []
@@ -75,6 +78,11 @@ def main() -> int:
             first = time.monotonic() - launched
             print(f"start {run}: /health 200 after {health:.1f} s, first chat answered after {first:.1f} s", flush=True)
             if not args.until_compiled:
+                continue
+            if compiled(server):  # a stored step, swapped in before the first chat
+                print(f"start {run}: compiled step in use at the first chat", flush=True)
+                if args.against_eager:
+                    against_eager(server, [*args.command, *extra], args)
                 continue
             before = speed(server, args.repeats)
             while not compiled(server):
@@ -91,7 +99,27 @@ def main() -> int:
                     f"{before:.1f} before the swap, {after:.1f} after ({after / before:.2f}x)",
                     flush=True,
                 )
+                if args.against_eager:
+                    against_eager(server, [*args.command, *extra], args)
     return 0
+
+
+def against_eager(compiled_server: ServerProcess, command: list[str], args: argparse.Namespace) -> None:
+    """The compiled server's output tokens/s at one stream against an eager server's, chats interleaved."""
+    port = free_port()
+    eager_command = [*command, "--port", str(port), "--no-cpu-compile"]
+    with spawn(eager_command, port, args.log, cwd=ROOT, timeout_s=args.timeout) as eager:
+        chat(eager, 16)
+        speeds: dict[str, list[float]] = {"compiled": [], "eager": []}
+        for _ in range(args.repeats):
+            speeds["eager"].append(chat(eager, 64))
+            speeds["compiled"].append(chat(compiled_server, 64))
+    both = {name: statistics.median(values) for name, values in speeds.items()}
+    print(
+        f"interleaved, output tok/s at one stream: compiled {both['compiled']:.1f}, eager {both['eager']:.1f} "
+        f"({both['compiled'] / both['eager']:.2f}x; each {speeds})",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
