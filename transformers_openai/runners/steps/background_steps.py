@@ -98,21 +98,25 @@ class BackgroundSteps:
             self.finished.set()
 
     def _load_or_compile(self) -> dict[int, Callable[..., torch.Tensor]] | None:
-        fixed, store = self._fixed, self._store
+        """The stored steps, loaded; compiled into the store first where it lacks them or holds ones that cannot be
+        used (cut short, compiled for other inputs: the child compiles anew over them)."""
+        fixed, store, key = self._fixed, self._store, self._model_key
         fixed.read_in_place(store)  # built here when missing, before the child looks for it
-        if not fixed.has_stored(store, self._model_key):
-            last = last_compile_seconds(store)
-            logger.info(
-                "compiling the decode step (two graphs) in a child process, eager steps serving meanwhile: %s",
-                f"the last compile took {last:.0f} s" if last is not None else "minutes on a small CPU",
-            )
-            began = time.monotonic()
-            self._compile_elsewhere()
-            self._compile_seconds = time.monotonic() - began
-            record_compile_seconds(store, self._compile_seconds)
-        else:
+        if fixed.has_stored(store, key):
             logger.info("loading the compiled decode step from %s, eager steps serving meanwhile", store)
-        steps = fixed.stored(store, self._model_key)
+            steps = fixed.stored(store, key)
+            if steps is not None:
+                return steps
+        last = last_compile_seconds(store)
+        logger.info(
+            "compiling the decode step (two graphs) in a child process, eager steps serving meanwhile: %s",
+            f"the last compile took {last:.0f} s" if last is not None else "minutes on a small CPU",
+        )
+        began = time.monotonic()
+        self._compile_elsewhere()
+        self._compile_seconds = time.monotonic() - began
+        record_compile_seconds(store, self._compile_seconds)
+        steps = fixed.stored(store, key)
         if steps is None:
             logger.warning("the compiled decode step in %s could not be used: decode steps stay eager", store)
         return steps
