@@ -84,6 +84,13 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def quantizes_activations(model: torch.nn.Module) -> bool:
+    """Whether `model` rounds activations to int8 per token (holds an `Int8Linear`): then a row's greedy answer
+    stays that of the request alone only where every float operation before a rounding gives a row the same bits
+    whatever its batch (`CausalLMRunner.attend_per_query`)."""
+    return any(isinstance(module, Int8Linear) for module in model.modules())
+
+
 def int8_matmul_works() -> bool:
     """Whether `torch._int_mm` runs on this CPU's torch build and agrees with the float product."""
     generator = torch.Generator().manual_seed(0)
