@@ -12,11 +12,23 @@ took 1.7-7.5x float32's time in torchao's int8 dynamic scheme (64 rows to 1), wh
 from __future__ import annotations
 
 import logging
-from typing import cast
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# CPU flags (/proc/cpuinfo) of instructions that multiply int8 vectors and add the products in int32 in one step,
+# which oneDNN's integer product (`torch._int_mm`) is built on: x86's AVX-512 VNNI, AVX-VNNI and AMX, Arm's dot
+# product and matrix multiply. Without them its product was 18-59x float32's time (AVX2 only, AMD EPYC).
+NATIVE_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+# The most a layer's whole int8 forward may take against the float32 product it replaces. Not 1: with VNNI an int8
+# layer took 0.35-0.75x float32's time at one thread, but at two threads on a busy machine single measurements
+# reached 2-2.5x, while without a native kernel it takes 18-59x.
+MAX_INT8_TIME_RATIO = 3.0
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +96,13 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def quantizes_activations(model: torch.nn.Module) -> bool:
+    """Whether `model` rounds activations to int8 per token (holds an `Int8Linear`): then a row's greedy answer
+    stays that of the request alone only where every float operation before a rounding gives a row the same bits
+    whatever its batch (`CausalLMRunner.attend_per_query`)."""
+    return any(isinstance(module, Int8Linear) for module in model.modules())
+
+
 def int8_matmul_works() -> bool:
     """Whether `torch._int_mm` runs on this CPU's torch build and agrees with the float product."""
     generator = torch.Generator().manual_seed(0)
@@ -98,6 +117,105 @@ def int8_matmul_works() -> bool:
     return bool(torch.allclose(got, expected, atol=0.05))
 
 
+@dataclass(frozen=True)
+class ProductChoice:
+    """Whether int8-dynamic multiplies in int8 (`Int8Linear`) or rounds the weights to int8 and multiplies in float
+    (`round_linear_weights`), and why (for the log)."""
+
+    int8: bool
+    reason: str
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The instruction-set flags of /proc/cpuinfo's text (x86 `flags`, Arm `Features`)."""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def this_cpu_flags() -> frozenset[str]:
+    """This CPU's flags (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
+
+
+def int8_time_ratio(in_features: int = 576, out_features: int = 1536, rows: tuple[int, ...] = (1, 16)) -> float:
+    """How many times float32's time an `Int8Linear` forward takes on this CPU: the worst over `rows` of the fastest
+    of a few calls each (the fastest: a busy neighbour slows a call, never speeds it up; SmolLM2's feed-forward shape
+    by default, one decode row and a batch; about 50 ms)."""
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    layer = Int8Linear.from_linear(linear)
+    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # as `packed_linear.py` has it
+
+    def median_s(call: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
+        call(x)
+        fastest = float("inf")
+        for _ in range(15):
+            start = time.perf_counter()
+            call(x)
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
+
+    def float_product(x: torch.Tensor) -> object:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    worst = 0.0
+    with torch.inference_mode():
+        for count in rows:
+            x = torch.randn(count, in_features, generator=generator)
+            worst = max(worst, median_s(layer, x) / median_s(float_product, x))
+    return worst
+
+
+def choose_products(asked: str, flags: frozenset[str], measure: Callable[[], float] = int8_time_ratio) -> ProductChoice:
+    """int8 products where asked for (`asked`, `--int8-products`, is `int8`), float ones for `float`; with `auto`,
+    int8 where the CPU has int8 dot-product instructions (`NATIVE_INT8_FLAGS`) and `measure` (an int8 layer's time
+    over float32's, on this CPU now) finds them not grossly slower than float32 (`MAX_INT8_TIME_RATIO`), float
+    products over int8-rounded weights elsewhere."""
+    if asked != "auto":
+        return ProductChoice(asked == "int8", f"--int8-products {asked}")
+    native = [flag for flag in NATIVE_INT8_FLAGS if flag in flags]
+    if not native:
+        return ProductChoice(
+            False,
+            f"this CPU has no int8 dot-product instructions (none of {', '.join(NATIVE_INT8_FLAGS)}): int8 products "
+            "would run many times slower than float32",
+        )
+    ratio = measure()
+    if ratio > MAX_INT8_TIME_RATIO:
+        return ProductChoice(False, f"{', '.join(native)}, but an int8 layer took {ratio:.2f}x float32's time here")
+    return ProductChoice(True, f"{', '.join(native)}; an int8 layer took {ratio:.2f}x float32's time here")
+
+
+def round_linear_weights(model: torch.nn.Module) -> int:
+    """int8-dynamic where the CPU does not multiply int8 fast: the weights of the layers `quantize_linear_layers` would
+    swap are rounded to int8 per output channel and kept as float (the int8 model's weights, float32's speed;
+    activations are not rounded); returns how many."""
+    with torch.no_grad():
+        layers = _quantizable(model)
+        for _, linear in layers:
+            values, scale = quantize_per_channel(linear.weight)
+            linear.weight.copy_(values.float() * scale[:, None])
+    return len(layers)
+
+
+def _quantizable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    """The plain float `nn.Linear` layers of a model but its output layer (the logits keep full precision)."""
+    output_of = getattr(model, "get_output_embeddings", None)
+    output = output_of() if callable(output_of) else None
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is torch.nn.Linear and module is not output and module.weight.is_floating_point()
+    ]
+
+
 def quantize_linear_layers(model: torch.nn.Module) -> int:
     """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision) for
     an `Int8Linear`; returns how many. Raises where this torch build cannot multiply int8 matrices.
@@ -109,17 +227,11 @@ def quantize_linear_layers(model: torch.nn.Module) -> int:
     `docs/results/whisper-int8-encoder-float-vs-int8-cpu.json`)."""
     if not int8_matmul_works():
         raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
-    output_of = getattr(model, "get_output_embeddings", None)
-    output = output_of() if callable(output_of) else None
-    names = [
-        name
-        for name, module in model.named_modules()
-        if type(module) is torch.nn.Linear and module is not output and module.weight.is_floating_point()
-    ]
+    layers = _quantizable(model)
     with torch.no_grad():
-        for name in names:
-            model.set_submodule(name, Int8Linear.from_linear(cast(torch.nn.Linear, model.get_submodule(name))))
-    return len(names)
+        for name, linear in layers:
+            model.set_submodule(name, Int8Linear.from_linear(linear))
+    return len(layers)
 
 
 def use_int8_for_compressed_tensors(model: torch.nn.Module) -> int:

@@ -11,12 +11,19 @@ bitsandbytes and FP8 on CUDA.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
+
+# How `--quantization int8-dynamic` multiplies on a CPU (`--int8-products`): `auto` decides at start from the CPU's
+# flags and a short measurement (`int8_linear.choose_products`).
+Int8Products = Literal["auto", "int8", "float"]
 
 # The `--quantization` choices (LOAD_QUANTIZATIONS below, and none).
 QuantizationChoice = Literal[
@@ -190,9 +197,12 @@ class QuantizationPlan:
     after_load: Callable[[Any], int] | None = None  # swaps layers of the loaded model; returns how many
 
 
-def plan_quantization(config: Any, choice: QuantizationChoice, device: torch.device) -> QuantizationPlan:
+def plan_quantization(
+    config: Any, choice: QuantizationChoice, device: torch.device, products: Int8Products = "auto"
+) -> QuantizationPlan:
     """What this start serves and how, from the checkpoint's config and `--quantization`. Raises before any weight
-    is read where the format cannot run here."""
+    is read where the format cannot run here. On a CPU, int8 activations are multiplied in int8 only where that is
+    fast here (`products`, `int8_linear.choose_products`)."""
     existing = checkpoint_quantization(config)
     if existing is not None:
         name = describe(existing)
@@ -206,8 +216,8 @@ def plan_quantization(config: Any, choice: QuantizationChoice, device: torch.dev
             check_requirement(f"this {name} checkpoint", requirement, device)
         if existing.get("quant_method") == "fp8" and device.type != "cuda":
             name = "fp8-dequantized"
-        if name == "compressed-tensors-int-quantized" and device.type == "cpu":  # W8A8: true int8 products
-            from transformers_openai.int8_linear import use_int8_for_compressed_tensors
+        if name == "compressed-tensors-int-quantized" and device.type == "cpu" and _int8_products(products):
+            from transformers_openai.int8_linear import use_int8_for_compressed_tensors  # W8A8: true int8 products
 
             return QuantizationPlan(name, after_load=use_int8_for_compressed_tensors)
         return QuantizationPlan(name)
@@ -215,9 +225,24 @@ def plan_quantization(config: Any, choice: QuantizationChoice, device: torch.dev
         return QuantizationPlan("none")
     if choice == "int8-dynamic" and device.type == "cpu":
         # torchao's int8 tensors are slow in eager mode on a CPU: the same scheme through our own layers.
-        from transformers_openai.int8_linear import quantize_linear_layers
+        from transformers_openai.int8_linear import quantize_linear_layers, round_linear_weights
 
-        return QuantizationPlan("int8-dynamic", after_load=quantize_linear_layers)
+        return QuantizationPlan(
+            "int8-dynamic", after_load=quantize_linear_layers if _int8_products(products) else round_linear_weights
+        )
     load = LOAD_QUANTIZATIONS[choice]  # every other choice is one (a unit test holds the two lists together)
     check_requirement(f"--quantization {choice}", load.requirement, device)
     return QuantizationPlan(load.served, load.build())
+
+
+def _int8_products(products: Int8Products) -> bool:
+    """Whether int8 activations are multiplied in int8 on this CPU (else in float over int8-rounded weights), said
+    in the log with the reason."""
+    from transformers_openai.int8_linear import choose_products, this_cpu_flags
+
+    choice = choose_products(products, this_cpu_flags())
+    if choice.int8:
+        logger.info("int8 layers multiply in int8 (%s)", choice.reason)
+    else:
+        logger.warning("int8 weights multiplied in float32, activations not rounded (%s)", choice.reason)
+    return choice.int8

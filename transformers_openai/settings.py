@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, ByteSize, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from transformers_openai.quantization import QuantizationChoice, quantization_help
+from transformers_openai.quantization import Int8Products, QuantizationChoice, quantization_help
 
 ModelKind = Literal["auto", "causal-lm", "image-text-to-text", "seq2seq", "whisper", "embedding"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside --model to load (dequantized on load).")
     quantization: QuantizationChoice = Field("none", description=quantization_help())
+    int8_products: Int8Products = Field(
+        "auto",
+        description="On a CPU, how int8 activations (--quantization int8-dynamic, W8A8 checkpoints) are multiplied: "
+        "int8 (oneDNN's integer product), float (the weights rounded to int8 and kept in float, activations not "
+        "rounded: float32's speed), or auto: int8 where the CPU has int8 dot-product instructions (avx512_vnni, "
+        "avx_vnni, amx_int8; Arm asimddp, i8mm) and an int8 layer measures under 3x float32's time at start, float "
+        "elsewhere (without them int8 products ran 18-59x slower than float32).",
+    )
     served_model_name: str | None = Field(None, description="Model id clients use; defaults to --model.")
     model_kind: ModelKind = Field(
         "auto",

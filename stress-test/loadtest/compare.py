@@ -19,6 +19,14 @@ Targets (`--target`, repeatable, or `all`):
   continuous-batching manager keeps the generation config of the first (warm-up) request.
 * `generate-loop`: in-process `model.generate()` (fp32, CPU, sdpa), one prompt (or clip) at a time; for a clip
   over 30 s, transformers' own sequential long-form `generate` on the whole feature sequence.
+* `llama-server` (only when named, not in `all`): llama.cpp's server on a GGUF of the same weights (`--gguf`, e.g.
+  an F32 or Q8_0 file made by llama.cpp's `convert_hf_to_gguf.py`), started from `--llama-server` (the binary)
+  once per concurrency level with `--parallel` slots equal to that level (1,024 tokens of context each) and
+  continuous batching on (its default, passed explicitly), `--threads`/`--threads-batch` as `--threads`; or an
+  already running one at `--llama-server-url` (its slots as it was started). Text endpoints only. Exact lengths:
+  its OpenAI chat and completion endpoints take its own sampling fields too, so requests carry `ignore_eos: true`
+  with `max_tokens` as ours do. It closes a keep-alive connection after a few requests, so it is sent every request
+  on a connection of its own (a fresh loopback connection costs well under a millisecond).
 
 For image chats, `transformers serve` runs without `--continuous-batching` (it falls back to one request at a time
 for image-text-to-text models, LLaVA's for one, and says so in its log), and the `generate` loop is
@@ -64,7 +72,8 @@ from loadtest.loadclient import Clip, StreamTimer, load_clips, send_transcriptio
 from loadtest.server import free_port, is_loopback, served_model, server_command, spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` only when asked for
+TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` and `llama-server` when asked for
+LLAMA_SLOT_TOKENS = 1024  # context per llama-server slot: any prompt of the mix plus --max-tokens
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PATHS = {
     "chat": "/v1/chat/completions",
@@ -260,7 +269,8 @@ async def closed_loop(
     chat = args.endpoint in ("chat", "image-chat")
     url = base + PATHS[args.endpoint]
     timeout = httpx.Timeout(args.request_timeout, connect=10.0)
-    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
+    keep = 0 if target == "llama-server" else conc + 4  # it closes kept connections: one per request
+    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=keep)
     results: list[Result] = []
     todo = iter(prompts)
 
@@ -295,8 +305,13 @@ async def closed_loop(
 # ----------------------------------------------------------------------------- subprocess servers
 
 
-def target_command(args: argparse.Namespace, target: str, port: int) -> list[str]:
+def target_command(args: argparse.Namespace, target: str, port: int, slots: int = 1) -> list[str]:
     model, listen = str(args.model), ["--host", "127.0.0.1", "--port", str(port)]
+    if target == "llama-server":
+        threads = ["--threads", str(args.threads), "--threads-batch", str(args.threads)]
+        context = ["--parallel", str(slots), "--ctx-size", str(slots * LLAMA_SLOT_TOKENS), "--cont-batching"]
+        alias = ["--alias", args.model_name or args.model.name]
+        return [str(args.llama_server), "-m", str(args.gguf), *listen, *threads, *context, *alias, *args.llama_arg]
     if target == "server":
         opts = f"--max-batch-size {args.max_batch_size}" if args.max_batch_size else ""
         opts += f" --dtype {args.dtype} --device {args.device}"
@@ -316,6 +331,8 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
         missing = [name for name in ("fastapi", "uvicorn", "openai") if find_spec(name) is None]
         if missing:
             return [Row(target, 0, note=f"unavailable: missing {missing}; pip install 'transformers[serving]'")]
+    if target == "llama-server":
+        return bench_llama_server(args, deadline, log, env)
     try:
         if target == "server" and args.url:
             return run_levels(args, target, args.url, deadline)
@@ -329,8 +346,29 @@ def bench_http(args: argparse.Namespace, target: str, deadline: float, log: Path
         return [Row(target, 0, note=f"unavailable: {type(exc).__name__}: {exc}"[:400])]
 
 
+def bench_llama_server(args: argparse.Namespace, deadline: float, log: Path, env: dict[str, str]) -> list[Row]:
+    """llama-server at each level: one started with as many slots as the level's concurrency (or the running one at
+    `--llama-server-url` for all levels)."""
+    if args.llama_server_url:
+        try:
+            return run_levels(args, "llama-server", args.llama_server_url, deadline)
+        except Exception as exc:  # noqa: BLE001 - report, don't crash the other targets
+            return [Row("llama-server", 0, note=f"unavailable: {type(exc).__name__}: {exc}"[:400])]
+    rows = []
+    for conc in args.concurrency:
+        level = argparse.Namespace(**{**vars(args), "concurrency": [conc]})
+        port = free_port()
+        command = target_command(args, "llama-server", port, slots=conc)
+        try:
+            with spawn(command, port, log, env=env, cwd=REPO_ROOT, timeout_s=args.startup_timeout) as server:
+                rows += run_levels(level, "llama-server", server.root_url, deadline)
+        except Exception as exc:  # noqa: BLE001 - report, don't crash the other levels
+            rows.append(Row("llama-server", conc, note=f"unavailable: {type(exc).__name__}: {exc}"[:400]))
+    return rows
+
+
 def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float) -> list[Row]:
-    model = args.model_name or str(args.model)
+    model = args.model_name or (args.model.name if target == "llama-server" else str(args.model))
     if target in ("server", "baseline") and not args.model_name:
         model = served_model(base, model)
     # One burst at the highest concurrency first: a freshly started process is slower until its allocator and
@@ -499,6 +537,11 @@ def ratios(rows: list[Row], concurrency: list[int]) -> dict[str, float]:
     for peer in ("transformers-serve", "baseline"):
         put(f"server c{hi} / {peer} c{hi}", tps("server", hi), tps(peer, hi))
         put(f"server c{hi} slowest first token / {peer}'s", ttft_max("server"), ttft_max(peer))
+    for conc in concurrency:  # llama-server at every level: throughput, and the median first token
+        ours, theirs = row("server", conc), row("llama-server", conc)
+        put(f"server c{conc} / llama-server c{conc}", tps("server", conc), tps("llama-server", conc))
+        if ours is not None and theirs is not None:
+            put(f"server c{conc} TTFT p50 / llama-server's", ours.ttft_p50_ms, theirs.ttft_p50_ms)
     return out
 
 
@@ -513,7 +556,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--target",
         action="append",
-        choices=[*TARGETS, "baseline", "all"],
+        choices=[*TARGETS, "baseline", "llama-server", "all"],
         help="what to run; repeatable (default: all)",
     )
     add(
@@ -522,6 +565,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "checkout of ours), benchmarked like `server` and interleaved with the other targets",
     )
     add("--url", help="benchmark an already running `server` at this loopback base URL instead of spawning one")
+    add("--llama-server", type=Path, help="target `llama-server`: llama.cpp's server binary, started per level")
+    add("--gguf", type=Path, help="target `llama-server`: the GGUF file it serves (the same weights as --model)")
+    add("--llama-server-url", help="target `llama-server`: an already running one at this loopback URL instead")
+    add("--llama-arg", action="append", default=[], help="extra argument for a started llama-server; repeatable")
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
     add(
         "--endpoint",
@@ -556,6 +603,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.baseline_url = check_loopback(args.baseline_url) if args.baseline_url else None
     if "baseline" in args.target and not args.baseline_url:
         p.error("--target baseline needs --baseline-url")
+    args.llama_server_url = check_loopback(args.llama_server_url) if args.llama_server_url else None
+    if "llama-server" in args.target:
+        if args.endpoint not in ("chat", "completions"):
+            p.error("--target llama-server serves the text endpoints only (chat, completions)")
+        if not args.llama_server_url and not (args.llama_server and args.gguf):
+            p.error("--target llama-server needs --llama-server and --gguf, or --llama-server-url")
+        for path in () if args.llama_server_url else (args.llama_server, args.gguf):
+            if not path.is_file():
+                p.error(f"--target llama-server: {path} is not a file")
     args.model = args.model.resolve()  # spawned servers run from the repository root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out = args.out or Path("results") / f"compare-{stamp}.json"

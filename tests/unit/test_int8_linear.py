@@ -1,4 +1,6 @@
-"""Int8 layers: close to the float product, each row independent of its batch, the output layer left alone."""
+"""Int8 layers: close to the float product, each row independent of its batch, the output layer left alone; int8
+products chosen only where the CPU has int8 dot-product instructions (flags injected), float ones over int8-rounded
+weights elsewhere."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from tests.quantized_models import build_compressed_tensors
 from transformers_openai.int8_linear import (
     Int8Linear,
+    choose_products,
+    cpu_flags,
+    int8_time_ratio,
     quantize_linear_layers,
     quantize_per_channel,
+    round_linear_weights,
     use_int8_for_compressed_tensors,
 )
 
@@ -75,3 +81,50 @@ def test_a_compressed_tensors_w8a8_model_computes_in_int8_as_its_own_layers_do(
         expected, got = own(ids).logits, ours(ids).logits
     assert isinstance(ours.model.layers[1].self_attn.o_proj, Int8Linear)  # the decompression hook did not undo it
     assert torch.allclose(got, expected, atol=1e-3 * float(expected.abs().max()))
+
+
+AVX2_EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+VNNI_XEON = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_vnni\n"
+ARM_DOTPROD = "processor\t: 0\nFeatures\t: fp asimd crc32 asimddp\n"
+
+
+def test_cpu_flags_are_read_from_x86_and_arm_cpuinfo() -> None:
+    assert {"avx2", "fma"} <= cpu_flags(AVX2_EPYC) and "avx512_vnni" not in cpu_flags(AVX2_EPYC)
+    assert "avx512_vnni" in cpu_flags(VNNI_XEON)
+    assert "asimddp" in cpu_flags(ARM_DOTPROD)
+
+
+def test_int8_products_only_where_the_cpu_has_int8_dot_products_and_they_measure_fast() -> None:
+    def never() -> float:
+        raise AssertionError("no measurement without the instructions")
+
+    avx2 = choose_products("auto", cpu_flags(AVX2_EPYC), measure=never)
+    assert not avx2.int8 and "avx512_vnni" in avx2.reason  # the missing instructions are named
+    assert choose_products("auto", cpu_flags(VNNI_XEON), measure=lambda: 0.6).int8
+    assert choose_products("auto", cpu_flags(ARM_DOTPROD), measure=lambda: 0.8).int8
+    slow = choose_products("auto", cpu_flags(VNNI_XEON), measure=lambda: 3.5)  # flags, but no kernel behind them
+    assert not slow.int8 and "3.50x" in slow.reason
+    assert choose_products("int8", cpu_flags(AVX2_EPYC), measure=never).int8  # asked for: as asked
+    assert not choose_products("float", cpu_flags(VNNI_XEON), measure=never).int8
+    assert choose_products("auto", cpu_flags(VNNI_XEON), measure=int8_time_ratio).reason  # the real one runs
+
+
+def test_float_products_keep_float_layers_with_int8_rounded_weights() -> None:
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    head = model.lm_head.weight.detach().clone()
+    up = model.model.layers[1].mlp.up_proj.weight.detach().clone()
+    assert round_linear_weights(model) == 2 * 7
+    rounded = model.model.layers[1].mlp.up_proj
+    assert type(rounded) is torch.nn.Linear and rounded.weight.dtype == torch.float32
+    values, scale = quantize_per_channel(up)
+    assert torch.equal(rounded.weight, values.float() * scale[:, None])
+    assert torch.equal(model.lm_head.weight, head)  # the output layer keeps its weights

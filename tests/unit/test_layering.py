@@ -122,7 +122,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "serving": frozenset({"engine", "protocol"}),
     "protocol": frozenset({"engine"}),
     "engine": frozenset({"runners"}),
-    "runners": frozenset({"packed_linear"}),
+    "runners": frozenset({"int8_linear", "packed_linear"}),
     "parallel": frozenset({"logs", "runners", "settings"}),
     "metrics": frozenset({"engine"}),
     "settings": frozenset({"quantization"}),

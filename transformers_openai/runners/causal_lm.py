@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from transformers_openai.int8_linear import quantizes_activations
 from transformers_openai.runners.base import (
     Acceleration,
     DecodeRow,
@@ -21,6 +22,7 @@ from transformers_openai.runners.base import (
     Step,
     StepOutput,
 )
+from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.kernels.paged_attention import use_paged_attention
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace
@@ -67,6 +69,8 @@ class CausalLMRunner:
         compiled decode step (plain causal attention run by this process alone: see `fix_steps`)."""
         if acceleration.distribute is not None:
             self.executor = acceleration.distribute(self.executor)
+        elif acceleration.kernels and quantizes_activations(self.model):
+            self.attend_per_query(acceleration.store)
         if acceleration.graphs and self.fix_steps(graphs=True):
             return Prepared(("CUDA graphs",), asynchronous=True)
         elsewhere, store = acceleration.compile_elsewhere, acceleration.store
@@ -147,6 +151,27 @@ class CausalLMRunner:
             self.fixed = fixed
         if fixed is not None or done:
             self._background = None
+
+    def attend_per_query(self, store: Path | None) -> bool:
+        """Every query attends alone, through the kernel that reads the pool in place, so a row's answer does not
+        depend on the rows beside it. Where activations are rounded to int8 per token (`int8_linear.py`), the last
+        bits of a float difference (sdpa's result moves with a group's width and queries) round an activation a
+        step the other way, and greedy answers under batching part from the same request alone. float32 K/V and
+        plain causal attention only; False where it does not apply or the kernel cannot be built."""
+        cache = self._pool.cache
+        if not self._grouped or cache.device.type != "cpu" or cache.geometry.dtype != torch.float32:
+            return False
+        if store is None:
+            with tempfile.TemporaryDirectory(prefix="transformers-openai-") as scratch:
+                loaded = paged_decode_kernel.load(Path(scratch))
+        else:
+            loaded = paged_decode_kernel.load(store)
+        if not loaded:
+            logger.warning("no in-place attention kernel: int8 answers may depend on the batch they run in")
+            return False
+        cache.per_query = True
+        logger.info("every query attends alone (in-place kernel): answers do not depend on the batch")
+        return True
 
     @staticmethod
     def _read_in_place(fixed: FixedSteps, store: Path | None) -> None:

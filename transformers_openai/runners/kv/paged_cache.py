@@ -60,7 +60,8 @@ class AttentionGroup:
 @dataclass(frozen=True)
 class InPlaceDecode:
     """A decode step whose attention reads each row's K/V in place (`paged_decode_kernel.py`): the rows' block
-    tables `[rows, width]` and how many tokens each attends to (its newest included)."""
+    tables `[rows, width]` and how many tokens each attends to (its newest included). With `per_query`, any step:
+    each query one of these rows (`[rows x queries, width]`, row-major)."""
 
     tables: torch.Tensor
     lengths: torch.Tensor
@@ -130,6 +131,10 @@ class PagedKVCache(Cache):
         for pool in (*self._k, *self._v):
             pool[:, null] = 0  # padding columns read these: finite, so masked-out weights stay exact zeros
             pool[:, trash] = 0
+        # Every query of every step attends alone through the in-place kernel (`paged_decode_kernel.py`, which must
+        # be loaded), prompts' included: its result then depends on its own row's K/V only, not on the step's other
+        # rows, widths or queries (`CausalLMRunner.attend_per_query`).
+        self.per_query = False
         self._plan: StepPlan | None = None
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self.past = 0  # columns before the step's new ones (what transformers reads as the cache's length)
@@ -163,7 +168,11 @@ class PagedKVCache(Cache):
         device = self.device
         gather: torch.Tensor | None = None
         groups: tuple[AttentionGroup, ...] = ()
-        if self.group_padding is None:
+        in_place: InPlaceDecode | None = None
+        if self.per_query:  # each query a row of its own, seeing its row's tokens up to itself (padding: token 0)
+            seen = (lengths[:, None] + step + 1).clamp(min=1).flatten()
+            in_place = InPlaceDecode(blocks.repeat_interleave(queries, dim=0).to(device), seen.to(device))
+        elif self.group_padding is None:
             gather = slots(columns[None, :] - (width - total[:, None])).flatten().to(device)
         else:
             groups = tuple(
@@ -180,6 +189,7 @@ class PagedKVCache(Cache):
             write_from=None if write_from is None else write_from.to(device),
             gather=gather,
             groups=groups,
+            in_place=in_place,
         )
 
     def _group(self, members: torch.Tensor, total: torch.Tensor, queries: int, slots, blocks) -> AttentionGroup:  # type: ignore[no-untyped-def]
@@ -243,10 +253,13 @@ class PagedKVCache(Cache):
         heads, dim = keys.shape[0], keys.shape[2]
         if plan.in_place is not None:
             scale = dim**-0.5 if scaling is None else scaling
+            rows, queries = query.shape[0], query.shape[2]
+            if queries > 1:  # `per_query`: a prompt's queries as rows of one token each
+                query = query.transpose(1, 2).reshape(rows * queries, query.shape[1], 1, dim)
             read = attention_in_place(
                 query, keys, values, plan.in_place.tables, plan.in_place.lengths, self.block_size, scale
             )
-            return read.transpose(1, 2)
+            return read.transpose(1, 2) if queries == 1 else read.view(rows, queries, -1, dim)
         out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
         for group in plan.groups:
             rows = group.gather.numel() // group.width
