@@ -92,6 +92,7 @@ class Metrics:
             "engine_thread_fallbacks_total",
             "Times the engine's CPU steps fell back to fewer torch threads (another process took a core).",
         )
+        self.thread_fallbacks.labels(model_name)  # reads 0 from the start
         self._fallbacks_seen = 0
         # The same gauges under vLLM's names, which routers and the Gateway API inference extension read by default.
         self._compat = (

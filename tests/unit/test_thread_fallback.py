@@ -106,6 +106,18 @@ def test_a_probe_beside_the_neighbour_costs_one_step_and_waits_longer_next_time(
     assert policy.fallbacks == 1
 
 
+def test_a_probe_step_of_seconds_makes_the_next_wait_longer(policy: ThreadFallback, clock: FakeClock) -> None:
+    fall_back(policy)
+    steps(policy, ONE_THREAD, 10)
+    clock.now += 2.0
+    steps(policy, ONE_THREAD, 1)
+    assert steps(policy, 2.5, 1) == [1]  # a probe step of 2.5 s: the next probe waits three times that
+    clock.now += 7.0
+    assert steps(policy, ONE_THREAD, 1) == [1]
+    clock.now += 1.0
+    assert steps(policy, ONE_THREAD, 1) == [2]
+
+
 def test_the_full_count_returns_once_it_beats_the_reduced_one_again(
     policy: ThreadFallback, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -159,6 +171,7 @@ def test_the_engine_thread_takes_the_count_the_policy_decides(clock: FakeClock) 
 
 def test_metrics_show_the_threads_and_count_the_fallbacks() -> None:
     metrics = Metrics("m")
+    assert 'transformers_openai:engine_thread_fallbacks_total{model_name="m"} 0.0' in metrics.render().decode()
 
     def step(report: ThreadsReport) -> None:
         metrics.on_step(StepStats(0, 0, 1, 1, 1, 0, 1, [], threads=report))

@@ -9,8 +9,8 @@ too much to compare and are not watched) it keeps the recent step times and thei
 reduced count. While reduced it probes the full count every `probe_every_s` seconds (twice that after a probe that
 failed, up to `probe_most_s`): the full count comes back when `probe_steps` steps on it are no slower than the
 reduced count's usual time for their shape now (like with like: one thread is slower than two on free cores, faster
-beside a neighbour). A probe step clearly slower than that ends the probe at once, so a neighbour that stays costs
-one slow step per probe.
+beside a neighbour). A probe step slower than that ends the probe at once, so a neighbour that stays costs one slow
+step per probe; since such a step can take seconds, the next probe waits at least three times as long.
 
 The policy only decides; the caller sets the threads (`IntraOpThreads`). Its cost per step is a dictionary look-up,
 a comparison and an append; medians are recomputed every few samples.
@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 WINDOW = 16  # recent step times kept per (threads, shape)
 KNOWN_AFTER = 5  # samples before a median is trusted
 MEDIAN_EVERY = 4  # samples between two recomputations of a median
+PROBE_SHARE = 3.0  # the wait after a failed probe, in times that probe's step
 
 
 class _Recent:
@@ -149,7 +150,9 @@ class ThreadFallback:
         if seconds > bar:
             self._probing = 0
             self.threads = self.reduced
-            self._wait_s = min(2 * self._wait_s, self._probe_most_s)
+            # The wait doubles up to probe_most_s, and is at least PROBE_SHARE times the failed step, which can take
+            # seconds beside a neighbour: probes then take at most about a quarter of the time.
+            self._wait_s = max(min(2 * self._wait_s, self._probe_most_s), PROBE_SHARE * seconds)
             self._next_probe = self._clock() + self._wait_s
             return
         self._recent_of(self.full, shape).add(seconds)
