@@ -59,7 +59,7 @@ def test_a_few_slow_steps_in_a_row_drop_to_fewer_threads_and_say_so(
     with caplog.at_level(logging.WARNING, logger="transformers_openai.engine.thread_fallback"):
         fall_back(policy)
     assert policy.threads == 1 and policy.fallbacks == 1
-    assert "step 400 ms against a usual 40 ms" in caplog.text
+    assert "step 400 ms against a usual 40 ms on 2" in caplog.text
     assert "running on 1 thread until the cores are free" in caplog.text
 
 
@@ -140,6 +140,40 @@ def test_one_thread_faster_than_two_on_free_cores_keeps_one(policy: ThreadFallba
     clock.now += 2.0
     steps(policy, 0.030, 1)
     assert steps(policy, USUAL, 1) == [1]
+
+
+def test_cores_busy_from_the_start_are_found_by_trying_fewer_threads_now_and_then(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    busy = ThreadFallback(2, 1, clock, explore_every_s=30.0)
+    assert steps(busy, SLOW, 10) == [2] * 10  # slow from the start: slow is the usual time
+    clock.now += 30.0
+    assert steps(busy, SLOW, 1) == [1]  # time to try one thread
+    with caplog.at_level(logging.WARNING, logger="transformers_openai.engine.thread_fallback"):
+        assert steps(busy, ONE_THREAD, 3) == [1, 1, 1]  # three steps faster than two threads' usual: one it is
+    assert busy.fallbacks == 1
+    assert "steps on 1 thread take 55 ms against a usual 400 ms on 2" in caplog.text
+
+
+def test_trying_fewer_threads_on_free_cores_costs_a_step(policy: ThreadFallback, clock: FakeClock) -> None:
+    clock.now += 30.0
+    assert steps(policy, USUAL, 1) == [1]
+    assert steps(policy, ONE_THREAD, 1) == [2]  # slower than two threads are: back at once
+    assert steps(policy, USUAL, 20) == [2] * 20  # and not tried again for a while
+    clock.now += 30.0
+    assert steps(policy, USUAL, 1) == [1]
+    assert policy.fallbacks == 0
+
+
+def test_a_new_shape_while_trying_a_count_ends_the_try(policy: ThreadFallback, clock: FakeClock) -> None:
+    clock.now += 30.0
+    assert steps(policy, USUAL, 1) == [1]
+    assert steps(policy, USUAL, 1, rows=16) == [2]  # no usual time on two threads for sixteen rows yet
+    fall_back(policy)
+    steps(policy, ONE_THREAD, 10)
+    clock.now += 4.0
+    assert steps(policy, ONE_THREAD, 1) == [2]
+    assert steps(policy, USUAL, 1, rows=32) == [1]  # a shape neither count knows: not judged on two threads
 
 
 def test_the_reduced_count_must_be_fewer_and_at_least_one() -> None:

@@ -10,7 +10,10 @@ reduced count. While reduced it probes the full count every `probe_every_s` seco
 failed, up to `probe_most_s`): the full count comes back when `probe_steps` steps on it are no slower than the
 reduced count's usual time for their shape now (like with like: one thread is slower than two on free cores, faster
 beside a neighbour). A probe step slower than that ends the probe at once, so a neighbour that stays costs one slow
-step per probe; since such a step can take seconds, the next probe waits at least three times as long.
+step per probe; since such a step can take seconds, the next probe waits at least three times as long. And every
+`explore_every_s` on the full count it tries the reduced count for `probe_steps` steps, kept if they are all faster
+than the full count's usual time now: cores busy since the start (a server started beside a neighbour, a machine
+loaded throughout) make a slow time the usual one, which no slowdown would reveal.
 
 The policy only decides; the caller sets the threads (`IntraOpThreads`). Its cost per step is a dictionary look-up,
 a comparison and an append; medians are recomputed every few samples.
@@ -73,6 +76,7 @@ class ThreadFallback:
         probe_every_s: float = 2.0,
         probe_most_s: float = 4.0,
         probe_steps: int = 3,
+        explore_every_s: float = 30.0,
     ) -> None:
         if not 1 <= reduced < full:
             raise ValueError(f"reduced threads ({reduced}) must be at least 1 and fewer than the full {full}")
@@ -87,6 +91,9 @@ class ThreadFallback:
         self._probing = 0  # probe steps still to pass (0: not probing)
         self._wait_s = probe_every_s
         self._next_probe = 0.0
+        self._explore_every_s = explore_every_s
+        self._exploring = 0  # steps on the reduced count still to pass while on the full count (0: not exploring)
+        self._next_explore = clock() + explore_every_s
 
     def after_step(self, rows: int, seconds: float) -> int:
         """Takes the time of a step that decoded `rows` rows and nothing else (0: a step that prefilled, or idle);
@@ -96,6 +103,8 @@ class ThreadFallback:
         shape = rows.bit_length()
         if self._probing:
             self._probe(shape, seconds)
+        elif self._exploring:
+            self._explore(shape, seconds)
         elif self.threads == self.full:
             self._watch(shape, seconds)
         else:
@@ -119,17 +128,38 @@ class ThreadFallback:
             return
         self._slow = 0
         recent.add(seconds)
+        if recent.known and self._clock() >= self._next_explore:
+            self.threads, self._exploring = self.reduced, self._probe_steps
+
+    def _explore(self, shape: int, seconds: float) -> None:
+        """A step on the reduced count while on the full one: the cores may have been busy since the start, so that
+        the full count's usual time is already a slow one. The reduced count stays if it is faster now."""
+        full = self._recent.get((self.full, shape))
+        if full is not None and full.known:
+            self._recent_of(self.reduced, shape).add(seconds)
+        if full is None or not full.known or seconds >= full.median:  # unknown shape: back, to learn its time
+            self.threads, self._exploring = self.full, 0
+            self._next_explore = self._clock() + self._explore_every_s
+            return
+        self._exploring -= 1
+        if not self._exploring:
+            self._fall_back(seconds, full.median)
 
     def _fall_back(self, seconds: float, usual: float) -> None:
+        """To the reduced count: after slow steps on the full one, or after faster ones on the reduced one."""
+        slower = self.threads == self.full
         self.threads, self._slow = self.reduced, 0
+        self._next_explore = self._clock() + self._explore_every_s
         self.fallbacks += 1
         self._wait_s = self._probe_every_s
         self._next_probe = self._clock() + self._wait_s
         logger.warning(
-            "step %.0f ms against a usual %.0f ms: another process is taking a core; running on %d thread%s until "
-            "the cores are free (trying %d every %g-%g s)",
+            "%s %.0f ms against a usual %.0f ms on %d: another process is taking a core; running on %d thread%s "
+            "until the cores are free (trying %d every %g-%g s)",
+            "step" if slower else f"steps on {self.reduced} thread{'' if self.reduced == 1 else 's'} take",
             seconds * 1000,
             usual * 1000,
+            self.full,
             self.reduced,
             "" if self.reduced == 1 else "s",
             self.full,
@@ -146,7 +176,7 @@ class ThreadFallback:
         elif full is not None and full.known:
             bar = self._slow_factor * full.median
         else:
-            return  # a shape neither count has a usual time for: it does not count
+            bar = 0.0  # a shape neither count has a usual time for: back to the reduced count, to learn it
         if seconds > bar:
             self._probing = 0
             self.threads = self.reduced
@@ -158,4 +188,5 @@ class ThreadFallback:
         self._recent_of(self.full, shape).add(seconds)
         self._probing -= 1
         if not self._probing:
+            self._next_explore = self._clock() + self._explore_every_s
             logger.warning("steps on %d threads are fast again: the cores are free, back to %d", self.full, self.full)
