@@ -87,6 +87,13 @@ class Metrics:
             registry=r,
         )
         self.requests = counter("requests_total", "Requests received, by endpoint.", ("endpoint",))
+        self.torch_threads = gauge("engine_torch_threads", "torch threads the engine's CPU steps run on now.")
+        self.thread_fallbacks = counter(
+            "engine_thread_fallbacks_total",
+            "Times the engine's CPU steps fell back to fewer torch threads (another process took a core).",
+        )
+        self.thread_fallbacks.labels(model_name)  # reads 0 from the start
+        self._fallbacks_seen = 0
         # The same gauges under vLLM's names, which routers and the Gateway API inference extension read by default.
         self._compat = (
             {name: Gauge(f"vllm:{name}", doc, labels, registry=r) for name, doc in LOAD_GAUGES.items()}
@@ -148,6 +155,11 @@ class Metrics:
                 if total > self._prefix_seen[seen]:
                     counter.labels(model).inc(total - self._prefix_seen[seen])
                     self._prefix_seen[seen] = total
+        if stats.threads is not None:
+            self.torch_threads.labels(model).set(stats.threads.threads)
+            if stats.threads.fallbacks > self._fallbacks_seen:
+                self.thread_fallbacks.labels(model).inc(stats.threads.fallbacks - self._fallbacks_seen)
+                self._fallbacks_seen = stats.threads.fallbacks
         if stats.preemptions:
             self.preemptions.labels(model).inc(stats.preemptions)
         if stats.prompt_tokens:

@@ -36,7 +36,7 @@ from transformers_openai.embedding_loader import (
 )
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
-from transformers_openai.engine.intra_op_threads import IntraOpThreads
+from transformers_openai.engine.intra_op_threads import cpu_threads, engine_threads
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
@@ -246,8 +246,7 @@ def load_serving_context(
     """Everything a served model needs, built from the settings (runs in a worker thread); with `leader`, as rank 0
     of a tensor-parallel group whose other ranks run `load_follower`."""
     phases = StartupPhases()
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(cpu_threads(settings.torch_threads))
     source: dict[str, Any] = {"gguf_file": settings.gguf_file} if settings.gguf_file else {}
     config = AutoConfig.from_pretrained(settings.model, **source)
     sentence_transformers = not settings.gguf_file and sentence_transformers_dir(settings.model) is not None
@@ -334,8 +333,8 @@ def _generation_context(
     logger.info("context %d tokens, %d rows", max_len, rows)
     scheduler = Scheduler(rows, settings.max_queue, settings.max_prefill_tokens)
     # On a CPU with several threads: set on the engine thread when it starts (engine/intra_op_threads.py).
-    cpu_threads = torch.get_num_threads() if model.device.type == "cpu" else 1
-    threads = IntraOpThreads(cpu_threads) if cpu_threads > 1 else None
+    cpu = model.device.type == "cpu"
+    threads = engine_threads(torch.get_num_threads(), settings.cpu_thread_fallback) if cpu else None
     stops = stop_token_ids(model, tokenizer)
     core = EngineCore(runner, engine_decoder(tokenizer), scheduler, stops, observer, threads, prepared.asynchronous)
     engine = AsyncEngine(core)

@@ -221,7 +221,17 @@ class Settings(BaseSettings):
     max_embedding_tokens: int = Field(
         300_000, ge=1, description="Most tokens one /v1/embeddings request may hold over all its inputs; more get 400."
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's).")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads on CPU (default: torch's, at most the CPUs the process may use: its "
+        "CPU affinity and its cgroup's CPU quota, rounded down).",
+    )
+    cpu_thread_fallback: bool = Field(
+        True,
+        description="On a CPU with several torch threads: when decode steps run far slower than usual (another "
+        "process took a core), run on half the threads until the cores are free again (tried every few seconds).",
+    )
     api_keys: CommaList = Field(
         default_factory=list,
         validation_alias=AliasChoices("api_key", "api_keys"),

@@ -149,6 +149,8 @@ class EngineCore:
         drawn, batch_size, preempted = decode(outputs, clock)
         with clock("output"):
             self._record(drawn, outputs, gaps)
+        phase_s = clock.done()
+        threads = self._threads.after_step(0 if planned else batch_size, phase_s["total"]) if self._threads else None
         self.observer.on_step(
             StepStats(
                 running=len(self.scheduler.running) + len(self.scheduler.prefilling),
@@ -159,9 +161,10 @@ class EngineCore:
                 prompt_tokens=sum(take for _, take in planned),
                 generation_tokens=len(admitted) + batch_size,
                 inter_token_latencies_s=gaps,
-                phase_s=clock.done(),
+                phase_s=phase_s,
                 kv=self.kv.usage(),
                 preemptions=preempted,
+                threads=threads,
             )
         )
         return outputs

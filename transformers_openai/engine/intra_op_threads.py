@@ -9,17 +9,27 @@ instead of 39-43, when the model had been loaded on a pooled thread that lived o
 (`in_passing_thread`) and torch work on other pooled threads (audio features, word alignment) runs on one torch
 thread, which needs no team (`one_torch_thread`). Over HTTP at one stream with two threads the server's decode step
 then took 31 ms where it had taken 47-50.
+
+How many threads: `cpu_threads` caps torch's default at the CPUs the process may really use (engine/usable_cpus.py),
+and `engine_threads` adds the fallback to fewer while another process takes a core (engine/thread_fallback.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 import torch
+
+from transformers_openai.engine.stats import ThreadsReport
+from transformers_openai.engine.thread_fallback import ThreadFallback
+from transformers_openai.engine.usable_cpus import usable_cpus
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -33,16 +43,51 @@ class IntraOpThreads:
     each, the same hour). Before, beside a loader thread's team, one thread had been the faster for steps of a token
     or two.
 
+    With `fallback`, the steps run on fewer threads while another process takes a core (engine/thread_fallback.py):
+    `after_step` hands it each step's time and sets the count it decides on the engine thread.
+
     Args:
-        most: the threads the steps use (--torch-threads, or torch's default).
+        most: the threads the steps use (--torch-threads, or `cpu_threads`).
+        fallback: the policy that lowers and restores the count; None keeps `most` throughout.
     """
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, fallback: ThreadFallback | None = None) -> None:
         self.most = most
+        self._fallback = fallback
+        self.report = ThreadsReport(most, 0)
 
     def apply(self) -> None:
         torch.get_num_threads()  # torch's own first-use setting of this thread, done before ours, not after
         torch.set_num_threads(self.most)
+
+    def after_step(self, decode_rows: int, seconds: float) -> ThreadsReport:
+        """Called on the engine thread after each step with the rows it decoded (0 for a step that prefilled) and
+        its seconds; sets the threads of the next step and returns the count and the fallbacks so far."""
+        if self._fallback is not None:
+            threads = self._fallback.after_step(decode_rows, seconds)
+            if threads != self.report.threads:
+                torch.set_num_threads(threads)
+                self.report = ThreadsReport(threads, self._fallback.fallbacks)
+        return self.report
+
+
+def cpu_threads(requested: int | None) -> int:
+    """The torch threads of a CPU server: --torch-threads when given, else torch's default (which follows
+    OMP_NUM_THREADS) capped at the CPUs the process may use (engine/usable_cpus.py); the choice is logged."""
+    if requested:
+        return requested
+    cpus = usable_cpus()
+    default = torch.get_num_threads()
+    chosen = min(default, cpus.count)
+    logger.info("torch threads: %d (%s; torch's default %d)", chosen, cpus.describe(), default)
+    return chosen
+
+
+def engine_threads(most: int, fallback: bool) -> IntraOpThreads:
+    """The engine thread's threads on a CPU; with `fallback` and several threads, halved while another process takes
+    a core."""
+    policy = ThreadFallback(most, max(1, most // 2)) if fallback and most > 1 else None
+    return IntraOpThreads(most, policy)
 
 
 async def in_passing_thread(fn: Callable[[], T]) -> T:

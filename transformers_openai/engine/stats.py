@@ -16,6 +16,14 @@ STEP_PHASES = ("prefill", "forward", "sample", "output")
 
 
 @dataclass(frozen=True)
+class ThreadsReport:
+    """The engine thread's torch threads on a CPU now, and how often they fell back to fewer (a running total)."""
+
+    threads: int
+    fallbacks: int
+
+
+@dataclass(frozen=True)
 class StepStats:
     running: int
     waiting: int
@@ -28,6 +36,7 @@ class StepStats:
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per STEP_PHASES entry that ran, and "total"
     kv: KVUsage | None = None  # the K/V pool after the step
     preemptions: int = 0  # requests preempted in this step
+    threads: ThreadsReport | None = None  # on a CPU: the torch threads of the next step
 
 
 class PhaseClock:
