@@ -1,0 +1,79 @@
+"""Which running rows speculate in a step, with which drafts, and what their verification emits."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from transformers_openai.engine.sampler import SamplerRow
+from transformers_openai.engine.sequence import Sequence
+from transformers_openai.engine.speculative.config import SpeculativeConfig
+from transformers_openai.engine.speculative.ngram import NgramProposer
+from transformers_openai.engine.speculative.rejection import verify_greedy, verify_sampled
+from transformers_openai.engine.stats import SpecCounts
+
+
+class Speculator:
+    """Proposes drafts for the rows that may speculate (`speculates`) and verifies them (`verify`)."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self._proposer = NgramProposer(
+            config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min
+        )
+
+    @staticmethod
+    def speculates(seq: Sequence) -> bool:
+        """A row speculates unless it opted out or a sampling rule of its depends on the tokens before each position
+        (a grammar, penalties, min_tokens still holding back its stop tokens, logprobs reported per token)."""
+        row = seq.sampler_row
+        params = row.params
+        return (
+            params.speculative
+            and row.constraint is None
+            and params.logprobs is None
+            and not params.has_penalties
+            and len(seq.output_ids) >= params.min_tokens
+        )
+
+    def drafts(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each row's draft ([] for none): never more tokens than the row may still emit less the one its
+        verification always adds. A step of more rows than `disable_by_batch_size` drafts nothing."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and len(seqs) > limit:
+            return [[] for _ in seqs]
+        drafts: list[list[int]] = []
+        for seq in seqs:
+            room = seq.remaining_tokens - 1
+            if room <= 0 or not seq.output_ids or not self.speculates(seq):
+                drafts.append([])
+                continue
+            history = np.fromiter((*seq.request.prompt_token_ids, *seq.output_ids), dtype=np.int64)
+            drafts.append(self._proposer.propose(history, room))
+        return drafts
+
+    def verify(
+        self, logits: list[torch.Tensor], drafts: list[list[int]], rows: list[SamplerRow], counts: SpecCounts
+    ) -> list[list[int]]:
+        """The tokens each row emits (accepted draft tokens, then one more); `logits[r]` `[len(drafts[r]) + 1,
+        vocab]`. Adds what was proposed and accepted to `counts`."""
+        emitted: list[list[int]] = [[] for _ in rows]
+        greedy = [i for i, row in enumerate(rows) if row.params.greedy]
+        if greedy:
+            chosen = verify_greedy([logits[i] for i in greedy], [drafts[i] for i in greedy], [rows[i] for i in greedy])
+            for i, tokens in zip(greedy, chosen, strict=True):
+                emitted[i] = tokens
+        for i, row in enumerate(rows):
+            if not row.params.greedy:
+                emitted[i] = verify_sampled(logits[i], drafts[i], row)
+        k = self.config.num_speculative_tokens
+        if len(counts.accepted_per_pos) < k:
+            counts.accepted_per_pos.extend([0] * (k - len(counts.accepted_per_pos)))
+        for draft, tokens in zip(drafts, emitted, strict=True):
+            accepted = len(tokens) - 1
+            counts.drafts += 1
+            counts.draft_tokens += len(draft)
+            counts.accepted += accepted
+            for pos in range(accepted):
+                counts.accepted_per_pos[pos] += 1
+        return emitted
