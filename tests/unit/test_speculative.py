@@ -288,3 +288,19 @@ def test_the_opt_out_field_maps_to_the_engine_and_is_validated() -> None:
     assert not off.to_sampling_params(8).speculative
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({**base, "speculative_decoding": "no"})
+
+
+def test_the_acceptance_counters_are_exported_as_vllm_names_them() -> None:
+    from transformers_openai.metrics import Metrics
+
+    metrics = Metrics("m")
+    spec = SpecCounts(drafts=2, draft_tokens=7, accepted=4, accepted_per_pos=[2, 1, 1, 0, 0])
+    metrics.on_step(StepStats(1, 0, 2, 2, 4, 0, 6, [], spec=spec))
+    text = metrics.render().decode()
+    for line in (
+        'transformers_openai:spec_decode_num_drafts_total{model_name="m"} 2.0',
+        'transformers_openai:spec_decode_num_draft_tokens_total{model_name="m"} 7.0',
+        'transformers_openai:spec_decode_num_accepted_tokens_total{model_name="m"} 4.0',
+        'transformers_openai:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 2.0',
+    ):
+        assert line in text
