@@ -304,3 +304,23 @@ def test_the_acceptance_counters_are_exported_as_vllm_names_them() -> None:
         'transformers_openai:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 2.0',
     ):
         assert line in text
+
+
+def test_a_row_whose_drafts_are_rejected_pauses_drafting(tokenizer) -> None:
+    from transformers_openai.engine.sequence import Sequence
+    from transformers_openai.engine.speculative.speculator import FIRST_PAUSE
+
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=3))
+    seq = Sequence(
+        EngineRequest("r", [1, 2, 3, 1, 2], SamplingParams(max_tokens=50, temperature=0.0)), tokenizer, frozenset(), 50
+    )
+    seq.output_ids.append(3)
+    logits = torch.zeros(4, 8)
+    logits[:, 7] = 5.0  # the target always wants token 7: every draft token is rejected
+    rejected = 0
+    while (draft := speculator.drafts([seq])[0]) and rejected < 10:
+        assert draft == [1, 2, 3]
+        speculator.verify([logits], [draft], [seq.sampler_row], SpecCounts(), ["r"])
+        rejected += 1
+    assert rejected == 2  # the moving average fell below the threshold after two rejected drafts
+    assert [speculator.drafts([seq])[0] for _ in range(FIRST_PAUSE)] == [[]] * (FIRST_PAUSE - 1) + [[1, 2, 3]]

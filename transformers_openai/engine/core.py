@@ -242,7 +242,9 @@ class EngineCore:
                 continue
             seq = by_slot[slot]
             try:
-                (tokens,) = self._speculator.verify([parts[i]], [list(draft)], [seq.sampler_row], counts)
+                (tokens,) = self._speculator.verify(
+                    [parts[i]], [list(draft)], [seq.sampler_row], counts, [seq.request_id]
+                )
             except Exception as exc:  # that row's failure only
                 logger.exception("request %s failed verifying its draft", seq.request_id)
                 outputs.extend(self._fail([seq], exc))
