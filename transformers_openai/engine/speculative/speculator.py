@@ -18,6 +18,9 @@ from transformers_openai.engine.stats import SpecCounts
 # for a while: its rejected drafts cost every row of its step the verify step's width, and a text that does not copy
 # its prompt keeps proposing what is rejected. The pause doubles each time it is earned again, up to MAX_PAUSE steps.
 MIN_ACCEPTANCE = 0.3
+# The verify step runs every row of the step at the width of the longest draft (rows right-aligned, eager): a step
+# speculates only when at least this share of its rows have a draft.
+MIN_DRAFTED_SHARE = 0.5
 FIRST_PAUSE = 4
 MAX_PAUSE = 64
 
@@ -57,7 +60,8 @@ class Speculator:
 
     def drafts(self, seqs: list[Sequence]) -> list[list[int]]:
         """Each row's draft ([] for none): never more tokens than the row may still emit less the one its
-        verification always adds. A step of more rows than `disable_by_batch_size` drafts nothing."""
+        verification always adds. A step of more rows than `disable_by_batch_size`, or where fewer than
+        `MIN_DRAFTED_SHARE` of the rows have a draft, drafts nothing."""
         records = self._records = {seq.request_id: self._records.get(seq.request_id) or _RowRecord() for seq in seqs}
         limit = self.config.disable_by_batch_size
         if limit is not None and len(seqs) > limit:
@@ -73,6 +77,8 @@ class Speculator:
                 continue
             history = np.fromiter((*seq.request.prompt_token_ids, *seq.output_ids), dtype=np.int64)
             drafts.append(self._proposer.propose(history, room))
+        if sum(1 for draft in drafts if draft) < MIN_DRAFTED_SHARE * len(seqs):
+            return [[] for _ in seqs]  # a few drafted rows would widen every row's step: not worth it
         return drafts
 
     def verify(
