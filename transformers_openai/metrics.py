@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from transformers_openai.engine.stats import FinishedRequest, StepStats
+from transformers_openai.engine.stats import FinishedRequest, SpecCounts, StepStats
 
 PREFIX = "transformers_openai:"
 
@@ -94,6 +94,13 @@ class Metrics:
         )
         self.thread_fallbacks.labels(model_name)  # reads 0 from the start
         self._fallbacks_seen = 0
+        # Speculative decoding (--speculative-config), as vLLM counts it.
+        self.spec_drafts = counter("spec_decode_num_drafts", "Drafts verified (one per row per speculative step).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.", ("position",)
+        )
         # The same gauges under vLLM's names, which routers and the Gateway API inference extension read by default.
         self._compat = (
             {name: Gauge(f"vllm:{name}", doc, labels, registry=r) for name, doc in LOAD_GAUGES.items()}
@@ -168,12 +175,22 @@ class Metrics:
             self.generation_tokens.labels(model).inc(stats.generation_tokens)
         if stats.batch_size:
             self.batch.labels(model).observe(stats.batch_size)
+        if stats.spec is not None:
+            self._on_spec(stats.spec)
         itl = self.itl.labels(model)
         for gap in stats.inter_token_latencies_s:
             itl.observe(gap)
         if stats.batch_size or stats.prompt_tokens:  # a step that did work (an idle one reports freed rows only)
             for phase, seconds in stats.phase_s.items():
                 self.step_phase.labels(model, phase).observe(seconds)
+
+    def _on_spec(self, spec: SpecCounts) -> None:
+        model = self._model
+        self.spec_drafts.labels(model).inc(spec.drafts)
+        self.spec_draft_tokens.labels(model).inc(spec.draft_tokens)
+        self.spec_accepted.labels(model).inc(spec.accepted)
+        for position, accepted in enumerate(spec.accepted_per_pos):
+            self.spec_accepted_per_pos.labels(model, str(position)).inc(accepted)
 
     def on_finished(self, request: FinishedRequest) -> None:
         model = self._model

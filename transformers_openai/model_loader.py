@@ -38,6 +38,8 @@ from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.intra_op_threads import cpu_threads, engine_threads
 from transformers_openai.engine.scheduler import Scheduler
+from transformers_openai.engine.speculative.config import SpeculativeConfig
+from transformers_openai.engine.speculative.speculator import Speculator
 from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.metrics import Metrics
@@ -336,7 +338,15 @@ def _generation_context(
     cpu = model.device.type == "cpu"
     threads = engine_threads(torch.get_num_threads(), settings.cpu_thread_fallback) if cpu else None
     stops = stop_token_ids(model, tokenizer)
-    core = EngineCore(runner, engine_decoder(tokenizer), scheduler, stops, observer, threads, prepared.asynchronous)
+    speculative = settings.speculative
+    speculator = None
+    if speculative is not None and kind == "causal-lm":
+        speculator = Speculator(SpeculativeConfig(**speculative.model_dump()))
+    if speculative is not None:
+        logger.info("speculative decoding: %s", "on, " + repr(speculative) if speculator else f"off for a {kind} model")
+    core = EngineCore(
+        runner, engine_decoder(tokenizer), scheduler, stops, observer, threads, prepared.asynchronous, speculator
+    )
     engine = AsyncEngine(core)
     speech = None
     if speech_runner is not None:

@@ -6,7 +6,17 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, ByteSize, Field, TypeAdapter, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from transformers_openai.quantization import Int8Products, QuantizationChoice, quantization_help
@@ -18,6 +28,33 @@ _BYTES = TypeAdapter(ByteSize)  # "4GiB", "512MB"
 # --max-batch-size by default: a decoder's rows share the paged K/V cache; the other kinds hold memory per row.
 DECODER_BATCH_ROWS = 64
 OTHER_BATCH_ROWS = 16
+
+
+class SpeculativeSettings(BaseModel):
+    """--speculative-config, keyed as vLLM's: n-gram prompt lookup (a draft `model` is not supported yet)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(5, ge=1, le=16)
+    prompt_lookup_max: int = Field(4, ge=1, le=64)
+    prompt_lookup_min: int = Field(1, ge=1, le=64)
+    disable_by_batch_size: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_draft_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "model" in data:
+            raise ValueError('a draft "model" is not supported yet: use {"method": "ngram"}')
+        return data
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> SpeculativeSettings:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        return self
 
 
 def _user_cache() -> Path:
@@ -136,6 +173,14 @@ class Settings(BaseSettings):
         "preempted and recomputed later rather than failing.",
     )
     kv_block_size: int = Field(16, ge=1, le=1024, description="Tokens per K/V cache block.")
+    speculative_config: str | None = Field(
+        None,
+        description='Speculative decoding, as vLLM configures it (JSON): {"method": "ngram", '
+        '"num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 1} proposes up to 5 tokens per '
+        "step by looking the last 4..1 tokens up in the prompt and output, verified in one forward (greedy output "
+        'unchanged, sampling keeps its distribution); optional "disable_by_batch_size": N speculates only in steps '
+        "of at most N rows. Decoder-only models; off by default (docs/speculative.md).",
+    )
     chat_template: Path | None = Field(None, description="Jinja file overriding the tokenizer's chat template.")
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
         "auto",
@@ -293,6 +338,28 @@ class Settings(BaseSettings):
         """--max-batch-size, or its default for a model of `kind` (a ModelKind other than auto)."""
         decoder = kind in ("causal-lm", "image-text-to-text")
         return self.max_batch_size or (DECODER_BATCH_ROWS if decoder else OTHER_BATCH_ROWS)
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            SpeculativeSettings.model_validate_json(value)
+        except ValidationError as exc:
+            problems = "; ".join(
+                ": ".join([*(".".join(str(part) for part in error["loc"]) for _ in error["loc"][:1]), error["msg"]])
+                for error in exc.errors()
+            )
+            raise ValueError(f"--speculative-config / SPECULATIVE_CONFIG: {problems}") from None
+        return value
+
+    @property
+    def speculative(self) -> SpeculativeSettings | None:
+        """The parsed --speculative-config, or None when speculative decoding is off."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeSettings.model_validate_json(self.speculative_config)
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

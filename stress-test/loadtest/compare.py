@@ -4,7 +4,10 @@ Endpoints (`--endpoint`): `completions` and `chat` (text models), `transcription
 the clips in `--audio-dir`, streamed, so time to first text is the first `transcript.text.delta`; throughput is
 seconds of audio transcribed per second of wall time), `image-chat` (a vision-language model: streamed chats that
 each carry a JPEG of their own, 160x120 to 640x480 px, as a data URL; `requests_per_s` is image requests per
-second).
+second), `copy-chat` (greedy chats whose answers copy their prompt: a code file rewritten with one name changed,
+a passage quoted; they end where the model ends them, without `ignore_eos`: the workload of speculative decoding,
+`copy_chat.py`; compare a server started with `--speculative-config` against one without, `--url` and
+`--baseline-url`).
 
 Targets (`--target`, repeatable, or `all`):
 
@@ -67,7 +70,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from loadtest import image_chat
+from loadtest import copy_chat, image_chat
 from loadtest.loadclient import Clip, StreamTimer, load_clips, send_transcription
 from loadtest.server import free_port, is_loopback, served_model, server_command, spawn
 
@@ -77,6 +80,7 @@ LLAMA_SLOT_TOKENS = 1024  # context per llama-server slot: any prompt of the mix
 DEFAULT_MODEL = REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PATHS = {
     "chat": "/v1/chat/completions",
+    "copy-chat": "/v1/chat/completions",
     "image-chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "transcription": "/v1/audio/transcriptions",
@@ -184,6 +188,8 @@ def inputs(args: argparse.Namespace, n: int, seed: int) -> list[Any]:
     """The prompts, or for transcription the clips, or for image chats the questions and pictures, of one level."""
     if args.endpoint == "image-chat":
         return image_chat.pick(n, seed)
+    if args.endpoint == "copy-chat":
+        return copy_chat.pick(n, seed)
     return pick_clips(args.clips, n, seed) if args.endpoint == "transcription" else pick_prompts(n, seed)
 
 
@@ -208,7 +214,7 @@ def request_body(args: argparse.Namespace, target: str, model: str, prompt: Any)
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if args.endpoint == "chat":
+    if args.endpoint in ("chat", "copy-chat"):
         body["messages"] = [{"role": "user", "content": prompt}]
     elif args.endpoint == "image-chat":
         body["messages"] = image_chat.messages(prompt)
@@ -217,7 +223,7 @@ def request_body(args: argparse.Namespace, target: str, model: str, prompt: Any)
     if target == "transformers-serve":
         n = args.max_tokens
         body["generation_config"] = json.dumps({"max_new_tokens": n, "min_new_tokens": n, "do_sample": False})
-    else:
+    elif args.endpoint != "copy-chat":  # copied answers end where the model ends them
         body["ignore_eos"] = True
     return body
 
@@ -266,7 +272,7 @@ async def closed_loop(
     args: argparse.Namespace, target: str, base: str, model: str, prompts: list[Any], conc: int, budget: float
 ) -> tuple[list[Result], float]:
     """Keep `conc` requests in flight until all prompts (or clips) are done; returns results and wall time."""
-    chat = args.endpoint in ("chat", "image-chat")
+    chat = args.endpoint in ("chat", "image-chat", "copy-chat")
     url = base + PATHS[args.endpoint]
     timeout = httpx.Timeout(args.request_timeout, connect=10.0)
     keep = 0 if target == "llama-server" else conc + 4  # it closes kept connections: one per request
@@ -417,7 +423,7 @@ def bench_generate(args: argparse.Namespace, deadline: float) -> list[Row]:
     n = args.max_tokens
 
     def encode(prompt: str) -> Any:
-        if args.endpoint == "chat":
+        if args.endpoint in ("chat", "copy-chat"):
             return tok.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
             )
@@ -572,7 +578,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--model-name", help="`model` field to send (default: first id of GET /v1/models, else --model)")
     add(
         "--endpoint",
-        choices=["completions", "chat", "transcription", "image-chat"],
+        choices=["completions", "chat", "copy-chat", "transcription", "image-chat"],
         default="completions",
         help="(default: %(default)s)",
     )

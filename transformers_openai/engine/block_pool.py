@@ -103,6 +103,17 @@ class BlockPool:
                 self._by_digest[digest] = block
                 self._digest_of[block] = digest
 
+    def truncate(self, table: BlockTable, blocks: int) -> None:
+        """Gives back the blocks of `table` past its first `blocks` (blocks it grew into and did not fill: held by
+        this table alone, in no prefix). The table gets a new list, so whoever mirrors it sees the change."""
+        if len(table.blocks) <= blocks:
+            return
+        for block in reversed(table.blocks[blocks:]):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free.append(block)
+        table.blocks = table.blocks[:blocks]
+
     def release(self, table: BlockTable) -> None:
         """Gives back every block of `table` (cached ones stay matchable until evicted) and empties it."""
         for block in reversed(table.blocks):  # the tail first: evicted before the prefix it extends

@@ -9,6 +9,10 @@ The engine describes every forward to the runner (`runners.base.Step`) and decod
   once and only then records its tokens, so the device computes while the host detokenizes, matches stop strings,
   retires rows and admits new ones. A row that finished meanwhile has its launched token discarded (one wasted row
   of one step); a row admitted meanwhile joins the launch after.
+
+With speculative decoding (`speculator`, eager loop only) a decode step's rows may carry draft tokens, verified in
+the same forward: such a row emits its accepted draft tokens and one more, and its table is rolled back past them
+(`engine/speculative/`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from transformers_openai.engine.row_slots import RowSlots
 from transformers_openai.engine.sampler import Sampler
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.sequence import Sequence
-from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, StepStats
+from transformers_openai.engine.speculative.speculator import Speculator
+from transformers_openai.engine.stats import EngineObserver, NullObserver, PhaseClock, SpecCounts, StepStats
 from transformers_openai.engine.stop_matcher import StopAutomata
 from transformers_openai.runners.base import DecodeRow, ModelRunner, Step
 from transformers_openai.runners.kv.block_table import BlockTable
@@ -62,10 +67,18 @@ class EngineCore:
         observer: EngineObserver | None = None,
         threads: IntraOpThreads | None = None,
         lookahead: bool = False,
+        speculator: Speculator | None = None,
     ) -> None:
         self.runner = runner
         self.spec = runner.spec
-        self.lookahead = lookahead  # launch each decode step before recording the last one (module docstring)
+        if speculator is not None and runner.spec.logits_processors:  # a model kind's rules read the tokens before
+            logger.warning("speculative decoding is off: this model kind's decoding rules need one token a step")
+            speculator = None
+        self._speculator = speculator
+        self._spec_counts: SpecCounts | None = None  # what this step speculated
+        # Launch each decode step before recording the last one (module docstring); not with speculation, whose
+        # drafts need the tokens recorded.
+        self.lookahead = lookahead and speculator is None
         self._launched: _Launched | None = None
         self._threads = threads  # on a CPU: the engine thread's torch threads
         self.scheduler = scheduler
@@ -159,14 +172,16 @@ class EngineCore:
                 rows_in_use=self.slots.in_use,
                 max_rows=self.spec.max_rows,
                 prompt_tokens=sum(take for _, take in planned),
-                generation_tokens=len(admitted) + batch_size,
+                generation_tokens=len(admitted) + len(drawn),
                 inter_token_latencies_s=gaps,
                 phase_s=phase_s,
                 kv=self.kv.usage(),
                 preemptions=preempted,
                 threads=threads,
+                spec=self._spec_counts,
             )
         )
+        self._spec_counts = None
         return outputs
 
     def _decode_now(self, outputs: list[RequestOutput], clock: PhaseClock) -> tuple[Drawn, int, int]:
@@ -181,13 +196,67 @@ class EngineCore:
             return [], 0, preempted
         by_slot = {seq.slot: seq for seq in running.values() if seq.slot is not None}
         batch_size = len(by_slot)
+        drafts = self._drafts(by_slot) if self._speculator is not None else {}
         with clock("forward"):
-            decoded = self._decode(by_slot, outputs)
+            decoded = self._decode(by_slot, outputs, drafts)
         if decoded is None:
             return [], batch_size, preempted
         slots, logits = decoded
         with clock("sample"):
+            if any(slot in drafts for slot in slots):
+                return self._verify(slots, logits, by_slot, drafts, outputs), batch_size, preempted
             return self._draw(logits, [by_slot[slot] for slot in slots], outputs), batch_size, preempted
+
+    def _drafts(self, by_slot: dict[int, Sequence]) -> dict[int, tuple[int, ...]]:
+        """The rows' drafts by slot (rows without one left out), each cut to the room its table can get without
+        taking another row's: a short pool speculates less, never preempts."""
+        assert self._speculator is not None
+        seqs = list(by_slot.values())
+        drafts: dict[int, tuple[int, ...]] = {}
+        for seq, draft in zip(seqs, self._speculator.drafts(seqs), strict=True):
+            if draft:
+                fits = self.kv.room(_table(seq), 1 + len(draft)) - 1
+                if fits > 0:
+                    drafts[_slot(seq)] = tuple(draft[:fits])
+        return drafts
+
+    def _verify(
+        self,
+        slots: list[int],
+        logits: torch.Tensor,
+        by_slot: dict[int, Sequence],
+        drafts: dict[int, tuple[int, ...]],
+        outputs: list[RequestOutput],
+    ) -> Drawn:
+        """The tokens of a step whose rows carried drafts: rows without one drawn as usual, the others verified
+        (`Speculator.verify`); each verified row records the K/V of its fed and accepted tokens and gives back the
+        blocks of the rejected ones."""
+        assert self._speculator is not None
+        parts = torch.split(logits, [1 + len(drafts.get(slot, ())) for slot in slots])
+        plain = [i for i, slot in enumerate(slots) if slot not in drafts]
+        drawn: Drawn = []
+        if plain:
+            plain_logits = torch.cat([parts[i] for i in plain])
+            drawn = self._draw(plain_logits, [by_slot[slots[i]] for i in plain], outputs)
+        counts = self._spec_counts = SpecCounts()
+        for i, slot in enumerate(slots):
+            draft = drafts.get(slot)
+            if draft is None:
+                continue
+            seq = by_slot[slot]
+            try:
+                (tokens,) = self._speculator.verify(
+                    [parts[i]], [list(draft)], [seq.sampler_row], counts, [seq.request_id]
+                )
+            except Exception as exc:  # that row's failure only
+                logger.exception("request %s failed verifying its draft", seq.request_id)
+                outputs.extend(self._fail([seq], exc))
+                continue
+            table = _table(seq)
+            self.kv.written(table, [seq.output_ids[-1], *tokens[:-1]])
+            self.kv.rolled_back(table)
+            drawn.extend((seq, token, None) for token in tokens)
+        return drawn
 
     def _decode_ahead(self, outputs: list[RequestOutput], clock: PhaseClock) -> tuple[Drawn, int, int]:
         """The launched-ahead loop's decode: the tokens of the step the last one launched are drawn (an eager decode
@@ -279,14 +348,21 @@ class EngineCore:
         return admitted
 
     def _decode(
-        self, by_slot: dict[int, Sequence], outputs: list[RequestOutput]
+        self,
+        by_slot: dict[int, Sequence],
+        outputs: list[RequestOutput],
+        drafts: dict[int, tuple[int, ...]] | None = None,
     ) -> tuple[list[int], torch.Tensor] | None:
-        """One batched step. A row that makes it fail is ended alone and the step is redone for the others.
+        """One batched step, rows with `drafts` carrying them. A row that makes it fail is ended alone and the step
+        is redone for the others.
 
         `by_slot` loses the rows that were ended. Returns None when no row is left.
         """
+        drafts = drafts or {}
         while by_slot:
-            rows = [DecodeRow(slot, _table(seq), seq.output_ids[-1]) for slot, seq in by_slot.items()]
+            rows = [
+                DecodeRow(slot, _table(seq), seq.output_ids[-1], drafts.get(slot, ())) for slot, seq in by_slot.items()
+            ]
             try:
                 decoded = self._execute(rows)
             except Exception as exc:
@@ -301,10 +377,12 @@ class EngineCore:
         return None
 
     def _execute(self, rows: list[DecodeRow]) -> tuple[list[int], torch.Tensor]:
-        """One decode step of `rows`, recorded in their tables: (slots in the order of the logits, logits)."""
+        """One decode step of `rows`, recorded in their tables (a row with a draft once verified): (slots in the
+        order of the logits, logits)."""
         out = self.runner.execute(Step(decodes=rows))
         for row in rows:
-            self.kv.written(row.table, [row.token])
+            if not row.draft:
+                self.kv.written(row.table, [row.token])
         if out.logits is None:
             raise RuntimeError("the runner returned no logits for a decode step")
         return list(out.slots), out.logits
@@ -370,6 +448,8 @@ class EngineCore:
     def _record(self, drawn: Drawn, outputs: list[RequestOutput], gaps: list[float]) -> None:
         """Appends each row's new token: its output (text, stop strings), and the end of rows that finished."""
         for seq, token_id, logprob in drawn:
+            if seq.finish_reason is not None:  # a verified draft's tokens after the one that ended it
+                continue
             try:
                 output = seq.append(token_id, logprob)
             except Exception as exc:  # e.g. detokenizing: that row's failure only

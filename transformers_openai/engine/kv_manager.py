@@ -73,6 +73,20 @@ class KVManager:
             pool.grow(table, table.length + 1)
         return True
 
+    def room(self, table: BlockTable, tokens: int) -> int:
+        """Room in `table` for up to `tokens` more tokens after what it holds, taking free blocks only when the pool
+        has them to spare (the others' growth comes first: no one is preempted for it); returns how many fit."""
+        pool = self.pool
+        if pool.grow(table, table.length + tokens):
+            return tokens
+        return min(tokens, len(table.blocks) * pool.block_size - table.length)
+
+    def rolled_back(self, table: BlockTable) -> None:
+        """A step wrote more than was kept (a draft's rejected tokens, past `table.length`): the blocks beyond what
+        the table holds go back to the pool. They never joined the prefix cache (`written` records kept tokens
+        only), and their slots are written over by the next steps."""
+        self.pool.truncate(table, self.pool.blocks_for(table.length))
+
     def written(self, table: BlockTable, token_ids: list[int]) -> None:
         """A step wrote the K/V of `token_ids` at the table's end."""
         self.pool.written(table, token_ids)

@@ -28,6 +28,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    speculative: bool = True  # may be decoded speculatively (when the server speculates); False opts out
 
     @property
     def greedy(self) -> bool:

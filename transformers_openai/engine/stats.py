@@ -15,6 +15,17 @@ from transformers_openai.engine.kv_manager import KVUsage
 STEP_PHASES = ("prefill", "forward", "sample", "output")
 
 
+@dataclass
+class SpecCounts:
+    """What one step speculated: drafts verified, their tokens, the tokens accepted, and per draft position how
+    many were accepted (vLLM's `spec_decode_*` counters)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class ThreadsReport:
     """The engine thread's torch threads on a CPU now, and how often they fell back to fewer (a running total)."""
@@ -37,6 +48,7 @@ class StepStats:
     kv: KVUsage | None = None  # the K/V pool after the step
     preemptions: int = 0  # requests preempted in this step
     threads: ThreadsReport | None = None  # on a CPU: the torch threads of the next step
+    spec: SpecCounts | None = None  # what the step speculated (speculative decoding)
 
 
 class PhaseClock:

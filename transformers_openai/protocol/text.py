@@ -198,7 +198,9 @@ class ChatMessage(Tolerant):
 
 
 # Fields OpenAI's API makes nullable: null means the default.
-_NULL_MEANS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "ignore_eos", "min_tokens", "skip_special_tokens"})
+_NULL_MEANS_DEFAULT = frozenset(
+    {"n", "stream", "logprobs", "echo", "ignore_eos", "min_tokens", "skip_special_tokens", "speculative_decoding"}
+)
 
 
 # SGLang's and vLLM's fields that vLLM's router (vllm-router, forked from SGLang's) writes into every request it
@@ -258,6 +260,8 @@ class _SamplingRequest(Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
+    # Ours: false keeps this request out of speculative decoding (when the server speculates: --speculative-config).
+    speculative_decoding: bool = True
     # SGLang's, sent by vllm-router (_ROUTER_FIELDS)
     no_stop_trim: bool = False
     return_hidden_states: bool = False
@@ -348,6 +352,7 @@ class _SamplingRequest(Strict):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             skip_special_tokens=self.skip_special_tokens,
+            speculative=self.speculative_decoding,
         )
 
 

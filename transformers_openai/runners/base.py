@@ -109,11 +109,13 @@ class PrefillRow:
 
 @dataclass(frozen=True)
 class DecodeRow:
-    """A running row fed its last sampled `token` at its table's `length` (the table has room for it)."""
+    """A running row fed its last sampled `token` at its table's `length`, then its `draft` tokens (speculative
+    decoding: the logits of every position are returned); the table has room for them all."""
 
     slot: int
     table: BlockTable
     token: int
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class PrefillOutput:
 @dataclass(frozen=True)
 class StepOutput:
     """A step's results: one per prefill row, in order (an exception for a row that failed alone, the others going
-    on); the decode rows' next-token logits `[rows, vocab]`, in the order of `slots`."""
+    on); the decode rows' next-token logits in the order of `slots`, `[positions, vocab]`: one position a row, or
+    with drafts 1 + len(draft) consecutive positions a row (each draft token's, after the fed token's)."""
 
     prefills: Sequence[PrefillOutput | Exception] = ()
     slots: Sequence[int] = ()

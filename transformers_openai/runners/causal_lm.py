@@ -262,12 +262,21 @@ class CausalLMRunner:
 
     def _decode(self, rows: Sequence[DecodeRow]) -> tuple[list[int], torch.Tensor]:
         order = [row.slot for row in rows]
+        if any(row.draft for row in rows):
+            return order, self._verify(rows)
         held = [row.table for row in rows]
         tokens = [row.token for row in rows]
         logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
         if logits is None:  # no fixed steps, or this one is wider than they take
             logits = self._step([(row.table, [row.token]) for row in rows], keep=1)[:, -1].float()
         return order, logits
+
+    def _verify(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
+        """A decode step whose rows carry drafts: one eager forward of each row's fed token and draft (rows
+        right-aligned); the logits of each row's 1 + len(draft) positions, concatenated `[positions, vocab]`."""
+        logits = self._step([(row.table, [row.token, *row.draft]) for row in rows], keep=0)
+        queries = logits.shape[1]
+        return torch.cat([logits[i, queries - 1 - len(row.draft) :] for i, row in enumerate(rows)]).float()
 
     def _step(self, rows: Sequence[tuple[BlockTable, list[int]]], keep: int) -> torch.Tensor:
         return self.executor.forward(rows, keep)

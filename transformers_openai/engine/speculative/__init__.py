@@ -1,0 +1,1 @@
+"""Speculative decoding: draft tokens proposed cheaply, verified by the target model in one batched forward."""
