@@ -5,7 +5,7 @@ that each can also be nested after a reasoning model's thought (`thought_grammar
 refused with a 400 by the one path of `StructuredOutputs.lark_constraints`:
 - a choice list: the alternation of its strings, each an exact literal;
 - a regex: one lexeme matching it, the whole answer (llguidance's regex syntax, Rust's `regex` crate without
-  look-around; `\\d`, `\\w` and `\\s` mean their ASCII classes, `^` and `$` are allowed);
+  look-around: `\\d`, `\\w` and `\\s` are Unicode classes as in Python's `re`; `^` and `$` are allowed);
 - a grammar: Lark as llguidance reads it (a `start` rule, or `%llguidance`), else GBNF as llama.cpp writes it (a
   `root` rule), which llguidance's converter turns into Lark.
 """
