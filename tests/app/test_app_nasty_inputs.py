@@ -113,7 +113,7 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("stop length", CHAT, chat(stop=["x" * 9000, "y" * 9000]), "stop"),
     ("one long stop", COMPLETIONS, completion(stop="z" * 20000), "stop"),
 ]
-# The fields of reasoning models and images: run in one test (one app start for them all).
+# The fields of reasoning models, images and structured outputs: run in one test (one app start for them all).
 NEW_FIELD_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     # the template's variables and the reasoning controls
     ("template kwargs a string", CHAT, chat(chat_template_kwargs="enable_thinking"), "chat_template_kwargs"),
@@ -168,6 +168,34 @@ NEW_FIELD_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("responses image url javascript", RESPONSES, input_image(image_url="javascript:alert(1)"), "input"),
     ("responses image metadata host", RESPONSES, input_image(image_url="http://169.254.169.254/"), "input"),
     ("responses image detail", RESPONSES, input_image(image_url="data:image/png;base64,AAAA", detail="x"), "input"),
+    # structured outputs beyond JSON: shapes refused before any grammar is compiled
+    ("choice empty", CHAT, chat(structured_outputs={"choice": []}), "structured_outputs.choice"),
+    ("choice of numbers", COMPLETIONS, completion(structured_outputs={"choice": [1, 2]}), "structured_outputs.choice"),
+    ("choice a string", CHAT, chat(structured_outputs={"choice": "yes"}), "structured_outputs.choice"),
+    ("choice surrogate", CHAT, chat(structured_outputs={"choice": ["a", SURROGATE]}), "structured_outputs.choice"),
+    ("choice null in list", CHAT, chat(guided_choice=["a", None]), "guided_choice"),
+    ("guided_choice empty", COMPLETIONS, completion(guided_choice=[]), "guided_choice"),
+    ("regex a number", CHAT, chat(structured_outputs={"regex": 5}), "structured_outputs.regex"),
+    ("regex surrogate", COMPLETIONS, completion(regex=SURROGATE), "regex"),
+    ("grammar a list", CHAT, chat(structured_outputs={"grammar": ["root ::= x"]}), "structured_outputs.grammar"),
+    ("ebnf an object", COMPLETIONS, completion(ebnf={"root": "x"}), "ebnf"),
+    ("json not JSON", CHAT, chat(structured_outputs={"json": "{nope"}), "structured_outputs.json"),
+    ("json a list", CHAT, chat(guided_json=[1]), "guided_json"),
+    ("json text of a list", COMPLETIONS, completion(json_schema="[1]"), "json_schema"),
+    ("json_object a string", CHAT, chat(structured_outputs={"json_object": "yes"}), "structured_outputs.json_object"),
+    ("structured_outputs unknown key", CHAT, chat(structured_outputs={"backend": "xgrammar"}), "structured_outputs"),
+    ("structured_outputs a string", COMPLETIONS, completion(structured_outputs="regex"), "structured_outputs"),
+    ("format regex without value", CHAT, chat(response_format={"type": "regex"}), "response_format"),
+    ("format grammar with value", CHAT, chat(response_format={"type": "grammar", "value": "x"}), "response_format"),
+    (
+        "format regex a number",
+        COMPLETIONS,
+        completion(response_format={"type": "regex", "value": 1}),
+        "response_format",
+    ),
+    ("format type unknown", COMPLETIONS, completion(response_format={"type": "ebnf"}), "response_format"),
+    ("responses choice empty", RESPONSES, response(structured_outputs={"choice": []}), "structured_outputs.choice"),
+    ("responses regex a list", RESPONSES, response(structured_outputs={"regex": ["a"]}), "structured_outputs.regex"),
 ]
 
 

@@ -7,6 +7,7 @@ the one `model.generate` writes with the same bias. The Responses API gives the 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,27 @@ def test_a_json_answer_after_the_thought(server: ServerProcess, biased: tuple[di
     deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
     assert "".join(reasoning_of(d) or "" for d in deltas) == thought
     assert json.loads("".join(d.content or "" for d in deltas)) == json.loads(greedy.message.content)
+
+
+def test_a_choice_a_regex_and_a_grammar_after_the_thought(
+    server: ServerProcess, biased: tuple[dict[str, float], str]
+) -> None:
+    """The forms beyond JSON wait for the thought as a schema does: the same thought, then a matching answer."""
+    logit_bias, thought = biased
+    forms = [
+        ({"choice": ["sunny", "rainy", "foggy"]}, r"sunny|rainy|foggy"),
+        ({"regex": r"[0-9]{2} (C|F)"}, r"[0-9]{2} (C|F)"),
+        ({"grammar": 'root ::= [a-z]{2,5} ("," [a-z]{2,5}){0,2}'}, r"[a-z]{2,5}(,[a-z]{2,5}){0,2}"),
+    ]
+    for fields, pattern in forms:
+        extra = {"structured_outputs": fields}
+        choice = chat(server, logit_bias, extra_body=extra, **GREEDY).choices[0]
+        assert choice.finish_reason == "stop" and reasoning_of(choice.message) == thought, (fields, choice)
+        assert re.fullmatch(pattern, choice.message.content or ""), (fields, choice.message.content)
+    stream = chat(server, logit_bias, extra_body={"structured_outputs": forms[1][0]}, stream=True, **GREEDY)
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    assert "".join(reasoning_of(d) or "" for d in deltas) == thought
+    assert re.fullmatch(forms[1][1], "".join(d.content or "" for d in deltas))
 
 
 def test_a_required_tool_call_after_the_thought(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ from transformers import AutoTokenizer
 from tests.grammar_walk import random_walk
 from transformers_openai.engine.request import TokenConstraint
 from transformers_openai.protocol import ChatCompletionRequest
+from transformers_openai.protocol.structured_outputs import OutputConstraint
 from transformers_openai.serving.base import AnswerGrammar
 from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools
+from transformers_openai.serving.text.output_constraints import answer_grammar_of
 from transformers_openai.serving.text.structured_output import StructuredOutputs
 from transformers_openai.serving.text.thought_grammar import after_thought
 from transformers_openai.serving.text.tool_formats import HERMES
@@ -267,3 +270,25 @@ def test_the_size_cap_holds_after_a_thought(plain: Any) -> None:
 def test_a_format_without_an_end_marker_leaves_the_grammar_as_it_is(plain: Any) -> None:
     grammar = AnswerGrammar("response_format", schema=SCHEMA)
     assert after_thought(grammar, Think(end=""), TokenizerService(plain)) is grammar
+
+
+def test_choice_regex_and_grammar_follow_the_thought(plain: Any) -> None:
+    """The new forms nest after a thought as a schema does: free text until the marker, then only the answer (the
+    wrapper is the schemas', tested above with each kind of marker; here with the marker as text)."""
+    structured, vocab = StructuredOutputs(plain), len(plain)
+    forms = [
+        (OutputConstraint("choice", ["yes", "no", "maybe so"], "structured_outputs.choice"), r"yes|no|maybe so"),
+        (OutputConstraint("regex", r"[0-9]{3}-[a-z]{2}", "structured_outputs.regex"), r"[0-9]{3}-[a-z]{2}"),
+        (OutputConstraint("grammar", 'root ::= [0-9] ("," [0-9]){0,3}', "grammar"), r"[0-9](,[0-9]){0,3}"),
+    ]
+    thought = plain.encode(THOUGHT, add_special_tokens=False) + end_tokens(plain)
+    for form, pattern in forms:
+        grammar = answer_grammar_of([form])
+        assert grammar is not None and grammar.what
+        made = constraint(structured, plain, grammar)
+        feed(made, thought, vocab)
+        assert not allowed(made, plain.encode("hello", add_special_tokens=False)[0], vocab)
+        tokens = thought + random_walk(made, vocab, 0, plain.eos_token_id, eos_penalty=2.0)
+        reasoning, marker, answer = text(plain, tokens).partition("</think>")
+        assert marker and reasoning == THOUGHT
+        assert re.fullmatch(pattern, answer), (form.kind, answer)

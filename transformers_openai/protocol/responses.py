@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from transformers_openai.protocol.base import Strict, Text
 from transformers_openai.protocol.response_input import ITEM_KINDS, MESSAGE_PARTS, InputItem, item_kind, parts_of
+from transformers_openai.protocol.structured_outputs import StructuredOutputsParams
 from transformers_openai.protocol.tools import FunctionName
 
 # ---------------------------------------------------------------- tools, tool_choice and text format
@@ -155,6 +156,8 @@ class ResponsesRequest(Strict):
     prompt_cache_key: Text | None = None
     service_tier: Text | None = None
     reasoning: ReasoningConfig | None = None
+    # vLLM's: a choice list, regex, grammar or JSON schema the answer follows (instead of text.format)
+    structured_outputs: StructuredOutputsParams | None = None
     # Known OpenAI fields this server does not implement: a 400 naming them when used.
     background: bool | None = None
     conversation: Any = None

@@ -16,6 +16,7 @@ from pydantic import (
 
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol.base import Strict, Text, Tolerant
+from transformers_openai.protocol.structured_outputs import ConstraintFields, OutputConstraint
 from transformers_openai.protocol.tools import (
     DeltaToolCall,
     HistoryToolCall,
@@ -58,21 +59,41 @@ class JsonSchemaFormat(Strict):
 
 
 class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's types, and two that other servers take: `grammar` with a `grammar` (OpenRouter's and Fireworks'
+    shape; GBNF or Lark here) and `regex` with a `value` (Text Generation Inference's shape)."""
+
+    type: Literal["text", "json_object", "json_schema", "grammar", "regex"]
     json_schema: JsonSchemaFormat | None = None
+    grammar: Text | None = None
+    value: Text | None = None
 
     @model_validator(mode="after")
-    def _schema_for_json_schema(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("'json_schema' is required when the type is 'json_schema'")
+    def _fields_of_the_type(self) -> ResponseFormat:
+        needed = {"json_schema": "json_schema", "grammar": "grammar", "regex": "value"}.get(self.type)
+        if needed is not None and getattr(self, needed) is None:
+            raise ValueError(f"'{needed}' is required when the type is '{self.type}'")
+        for name in ("json_schema", "grammar", "value"):
+            if name != needed and getattr(self, name) is not None:
+                raise ValueError(f"'{name}' does not go with the type '{self.type}'")
         return self
 
     def answer_schema(self) -> dict[str, Any] | None:
-        """The JSON schema the answer must follow; None for plain text."""
+        """The JSON schema the answer must follow; None for plain text or another constraint."""
         if self.type == "json_object":
             return {"type": "object"}
         if self.type == "json_schema" and self.json_schema is not None:
             return self.json_schema.schema_ if self.json_schema.schema_ is not None else {}
+        return None
+
+    def constraint(self) -> OutputConstraint | None:
+        """The constraint it sets on the answer; None for plain text."""
+        schema = self.answer_schema()
+        if schema is not None:
+            return OutputConstraint("json", schema, "response_format")
+        if self.type == "grammar":
+            return OutputConstraint("grammar", self.grammar, "response_format.grammar")
+        if self.type == "regex":
+            return OutputConstraint("regex", self.value, "response_format.value")
         return None
 
 
@@ -232,8 +253,9 @@ def one_prompt_ending(value: bool, info: ValidationInfo) -> bool:
     return value
 
 
-class _SamplingRequest(Strict):
-    """Fields shared by chat and completions, including vLLM's extensions."""
+class _SamplingRequest(ConstraintFields):
+    """Fields shared by chat and completions, including vLLM's extensions (and the constraint fields of vLLM, SGLang
+    and llama.cpp: `ConstraintFields`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -315,6 +337,15 @@ class _SamplingRequest(Strict):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def format_constraint(self) -> OutputConstraint | None:
+        """The constraint `response_format` sets, where the request has one."""
+        return None
+
+    def output_constraints(self) -> list[OutputConstraint]:
+        """Every constraint on the answer the request sets, `response_format`'s first (the handler takes one)."""
+        fmt = self.format_constraint()
+        return ([fmt] if fmt is not None else []) + self.field_constraints()
 
     def logprobs_count(self) -> int | None:
         return None
@@ -457,9 +488,12 @@ class ChatCompletionRequest(_SamplingRequest):
     def _format_or_calls(cls, value: ResponseFormat | None, info: ValidationInfo) -> ResponseFormat | None:
         choice = info.data.get("tool_choice")
         forced = choice == "required" or isinstance(choice, NamedToolChoice)
-        if forced and value is not None and value.answer_schema() is not None:
-            raise ValueError("a JSON response_format cannot be combined with a tool_choice that forces a call")
+        if forced and value is not None and value.constraint() is not None:
+            raise ValueError("a constraining response_format cannot be combined with a tool_choice that forces a call")
         return value
+
+    def format_constraint(self) -> OutputConstraint | None:
+        return self.response_format.constraint() if self.response_format is not None else None
 
     def offered_tools(self) -> list[Tool]:
         """The tools the model is shown: none when tool_choice is 'none'."""
@@ -487,8 +521,12 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: Text | None = None
     best_of: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None  # vLLM's: the constraints chat takes
 
     _unsupported = field_validator("suffix")(_reject_unsupported)
+
+    def format_constraint(self) -> OutputConstraint | None:
+        return self.response_format.constraint() if self.response_format is not None else None
 
     @field_validator("prompt")
     @classmethod

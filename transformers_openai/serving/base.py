@@ -88,6 +88,7 @@ class AnswerGrammar:
     param: str  # the request field that asked for it, named in a 400
     schema: dict[str, Any] | None = None
     lark: str | None = None
+    what: str = ""  # what the request gave, as a 400 names it ("the regex"); empty: "the grammar"
 
 
 class GenerationHandler(Generic[RequestT]):
@@ -156,15 +157,21 @@ class GenerationHandler(Generic[RequestT]):
         return await self._collect_or_abort(request_id, request, choices, merged, wait_disconnect, created)
 
     async def _constraints(self, request: RequestT, prompts: list[Prompt], count: int) -> list[TokenConstraint] | None:
-        """One grammar constraint per choice when the answer must follow a grammar, built in a worker thread."""
-        grammar = self.answer_grammar(request, prompts)
+        """One grammar constraint per choice when the answer must follow a grammar, built in a worker thread (and
+        a grammar the request gives converted there too: GBNF's converter is Python, tens of ms for a large one)."""
+        if request.output_constraints():
+            grammar = await asyncio.to_thread(self.answer_grammar, request, prompts)
+        else:
+            grammar = self.answer_grammar(request, prompts)
         if grammar is None:
             return None
         structured = self.ctx.structured
         if structured is None:
             raise BadRequestError("structured outputs are not available for this model", param=grammar.param)
         if grammar.lark is not None:
-            return list(await asyncio.to_thread(structured.lark_constraints, grammar.lark, count, grammar.param))
+            lark = grammar.lark
+            build = structured.lark_constraints
+            return list(await asyncio.to_thread(build, lark, count, grammar.param, grammar.what or "the grammar"))
         schema = grammar.schema or {}
         return list(await asyncio.to_thread(structured.constraints, schema, count, grammar.param))
 

@@ -26,7 +26,9 @@ from transformers_openai.protocol import (
 )
 from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt
 from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import BadRequestError
 from transformers_openai.serving.text.chat_tools import ChatTools, delta_parts, tool_calls
+from transformers_openai.serving.text.output_constraints import answer_grammar_of
 from transformers_openai.serving.text.prompt_scores import prompt_logprobs
 from transformers_openai.serving.text.reasoning import ReasoningFormat, reasoning_format
 from transformers_openai.serving.text.template_variables import template_variables
@@ -82,10 +84,13 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
 
     def _answer_grammar(self, request: ChatCompletionRequest) -> AnswerGrammar | None:
         forced = self.tools.forced_grammar(request)
-        if forced is not None:
-            return AnswerGrammar("tool_choice", lark=forced)
-        schema = request.response_format.answer_schema() if request.response_format else None
-        return AnswerGrammar("response_format", schema=schema) if schema is not None else None
+        constraints = request.output_constraints()
+        if forced is None:
+            return answer_grammar_of(constraints)
+        if constraints:  # (response_format's is refused with the request)
+            message = f"'{constraints[0].param}' cannot be combined with a tool_choice that forces a call"
+            raise BadRequestError(message, param=constraints[0].param)
+        return AnswerGrammar("tool_choice", lark=forced)
 
     def prepare_choices(self, request: ChatCompletionRequest, choices: list[Choice]) -> None:
         fmt = self.reasoning_of(request)

@@ -13,8 +13,9 @@ from transformers_openai.protocol import (
     PromptLogprobs,
     Usage,
 )
-from transformers_openai.serving.base import Choice, GenerationHandler, Prompt, check_token_ids
+from transformers_openai.serving.base import AnswerGrammar, Choice, GenerationHandler, Prompt, check_token_ids
 from transformers_openai.serving.errors import BadRequestError
+from transformers_openai.serving.text.output_constraints import answer_grammar_of
 from transformers_openai.serving.text.prompt_scores import prompt_logprobs
 
 
@@ -44,6 +45,9 @@ class CompletionHandler(GenerationHandler[CompletionRequest]):
                 text = await self.ctx.tokenizer.decode(prompt) if request.echo else None
                 prompts.append(Prompt(list(prompt), text))
         return prompts
+
+    def answer_grammar(self, request: CompletionRequest, prompts: list[Prompt]) -> AnswerGrammar | None:
+        return answer_grammar_of(request.output_constraints())
 
     def response(
         self, request_id: str, request: CompletionRequest, choices: list[Choice], usage: Usage

@@ -255,6 +255,8 @@ def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> C
         )
         for tool in request.tools or []
     ]
+    response_format = _response_format(request)
+    _one_constraint(response_format, request)
     choice: ToolChoice | None = None
     if isinstance(request.tool_choice, str):
         choice = request.tool_choice
@@ -270,7 +272,8 @@ def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> C
             "tools": tools or None,
             "tool_choice": choice,
             "parallel_tool_calls": request.parallel_tool_calls,
-            "response_format": _response_format(request),
+            "response_format": response_format,
+            "structured_outputs": request.structured_outputs,
             "stream": bool(request.stream),
             "stream_options": StreamOptions(include_usage=True) if request.stream else None,
             "user": request.user,
@@ -282,6 +285,17 @@ def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> C
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else None
         raise BadRequestError(_first_error(exc), param=_PARAMS.get(field or "", field), code="invalid_value") from None
+
+
+def _one_constraint(response_format: ResponseFormat | None, request: ResponsesRequest) -> None:
+    """`text.format` and `structured_outputs` both constraining the answer: a 400 naming both (by this API's
+    names; the chat handler refuses two constraints of `structured_outputs` itself)."""
+    given = request.structured_outputs.constraints() if request.structured_outputs is not None else []
+    if response_format is not None and given:
+        message = (
+            f"only one constraint on the answer can be given, but both 'text.format' and '{given[0].param}' were given"
+        )
+        raise BadRequestError(message, param=given[0].param, code="conflicting_constraints")
 
 
 def _response_format(request: ResponsesRequest) -> ResponseFormat | None:

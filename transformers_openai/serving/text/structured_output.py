@@ -125,14 +125,15 @@ class StructuredOutputs:
             "the JSON schema",
         )
 
-    def lark_constraints(self, lark: str, count: int, param: str) -> list[GrammarConstraint]:
-        """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect, e.g. forced tool calls, or
-        an answer's grammar after a thought): its rules beside the schemas it embeds get `WRAPPER_BYTES` of room, so
-        that a schema accepted alone is accepted inside them."""
+    def lark_constraints(self, lark: str, count: int, param: str, what: str = "the grammar") -> list[GrammarConstraint]:
+        """`count` fresh constraints for answers in a Lark grammar (llguidance's dialect: a request's own grammar,
+        choice list or regex, forced tool calls, an answer's grammar after a thought), `what` naming it in a 400:
+        its rules beside the schemas it embeds get `WRAPPER_BYTES` of room, so that a schema accepted alone is
+        accepted inside them."""
         size = len(lark.encode())
         if size - WRAPPER_BYTES > self.max_schema_bytes:
             self._check_size(size - WRAPPER_BYTES, "grammar", "its schemas, past its rules", param)
-        return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param, "the grammar")
+        return self._constraints("lark:" + lark, lambda: LLMatcher.grammar_from_lark(lark), count, param, what)
 
     def _check_size(self, size: int, what: str, measure: str, param: str) -> None:
         if size > self.max_schema_bytes:

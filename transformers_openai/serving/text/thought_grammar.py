@@ -51,7 +51,8 @@ def after_thought(
     the first token."""
     if not fmt.end or (not opened and not fmt.start):
         return grammar
-    return AnswerGrammar(grammar.param, lark=thought_lark(fmt, tokens, opened) + "\n" + _answer_rule(grammar))
+    lark = thought_lark(fmt, tokens, opened) + "\n" + _answer_rule(grammar)
+    return AnswerGrammar(grammar.param, lark=lark, what=grammar.what)
 
 
 def thought_lark(fmt: ThoughtMarkers, tokens: AddedTokens, opened: bool = True) -> str:
