@@ -1,0 +1,103 @@
+"""The wire protocol of /v1/rerank (Jina's and Cohere's shape, as vLLM serves it) and /v1/score (vLLM's)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from transformers_openai.protocol.base import Strict, Text, Tolerant
+
+MAX_SCORE_TEXTS = 10_000  # documents of one rerank request, or texts on one side of a score request (Cohere's bound)
+
+TRUNCATE_DESCRIPTION = (
+    "Keep only the first N tokens of each pair (a cross-encoder's query and document together, cut from the longer "
+    "first) or of each text (an embedding model's); -1: as many as the model takes. Without it, a longer input is "
+    "refused"
+)
+
+
+def _not_zero(value: int | None) -> int | None:
+    if value == 0:
+        raise ValueError("must be at least 1, or -1 for the model's limit")
+    return value
+
+
+class RerankDocument(Tolerant):
+    """A document as an object (Jina's and Cohere's form); keys beside `text` (a title, an id) are ignored."""
+
+    text: Text
+
+
+Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_SCORE_TEXTS)]
+
+
+class RerankRequest(Strict):
+    model: Text
+    query: Text = Field(min_length=1)
+    documents: Annotated[list[Text | RerankDocument], Field(min_length=1, max_length=MAX_SCORE_TEXTS)] = Field(
+        description="The documents to rank against the query: strings, or objects with a `text`"
+    )
+    top_n: int | None = Field(None, ge=1, description="Return only the N most relevant (default: all of them)")
+    return_documents: bool = Field(True, description="Give each result its document's text back")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description=TRUNCATE_DESCRIPTION)
+
+    _truncate = field_validator("truncate_prompt_tokens")(_not_zero)
+
+    def texts(self) -> list[str]:
+        """The documents' texts, in their order."""
+        return [doc if isinstance(doc, str) else doc.text for doc in self.documents]
+
+
+class RerankedDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="The document's position in the request's `documents`")
+    relevance_score: float
+    document: RerankedDocument | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
+class ScoreUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult] = Field(description="The documents, most relevant first")
+    usage: ScoreUsage
+
+
+class ScoreRequest(Strict):
+    model: Text
+    text_1: Text | Texts = Field(description="One text scored against each of text_2, or a list as long as text_2")
+    text_2: Text | Texts = Field(description="The texts paired with text_1 (1:1, 1:N or N:N)")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description=TRUNCATE_DESCRIPTION)
+
+    _truncate = field_validator("truncate_prompt_tokens")(_not_zero)
+
+    @field_validator("text_1", "text_2", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        if isinstance(value, list) and not value:
+            raise ValueError("must not be an empty list")
+        return value
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
