@@ -253,11 +253,11 @@ def build_tiny_cross_encoder(dest: Path, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         max_position_embeddings=512,
-        num_labels=1,
         # Large random weights spread the scores (logits of standard deviation ~1.7 over mixed pairs; at BERT's
         # usual 0.02 they all sit within 1e-4 of each other, and any ranking would be a tie broken by rounding).
         initializer_range=0.5,
     )
+    config.num_labels = 1
     torch.manual_seed(seed)
     model = BertForSequenceClassification(config)
     tmp = dest.with_name(dest.name + ".tmp")

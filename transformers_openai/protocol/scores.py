@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from transformers_openai.protocol.base import Strict, Text, Tolerant
 
@@ -33,10 +33,45 @@ class RerankDocument(Tolerant):
 Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_SCORE_TEXTS)]
 
 
+def _unicode_problem(text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"contains invalid Unicode (a lone surrogate at position {exc.start})"
+    return None
+
+
+def _document_shape(value: object) -> object:
+    """One clear refusal for a document of another shape (rather than the first of the union's refusals)."""
+    text = value.get("text") if isinstance(value, dict) else value
+    if not isinstance(text, str):
+        raise ValueError("must be a string or an object with a string 'text'")
+    problem = _unicode_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _texts_shape(value: object) -> object:
+    """`text_1` and `text_2`: one clear refusal for anything but a string or a list of strings."""
+    if isinstance(value, str) or not isinstance(value, list):
+        return value  # a string is checked as Text; another type gets the union's refusal
+    if not value:
+        raise ValueError("must not be an empty list")
+    for i, item in enumerate(value):
+        problem = "is not a string" if not isinstance(item, str) else _unicode_problem(item)
+        if problem is not None:
+            raise ValueError(f"item {i} {problem}: give a string or a list of strings")
+    return value
+
+
+Document = Annotated[Text | RerankDocument, BeforeValidator(_document_shape)]
+
+
 class RerankRequest(Strict):
     model: Text
     query: Text = Field(min_length=1)
-    documents: Annotated[list[Text | RerankDocument], Field(min_length=1, max_length=MAX_SCORE_TEXTS)] = Field(
+    documents: Annotated[list[Document], Field(min_length=1, max_length=MAX_SCORE_TEXTS)] = Field(
         description="The documents to rank against the query: strings, or objects with a `text`"
     )
     top_n: int | None = Field(None, ge=1, description="Return only the N most relevant (default: all of them)")
@@ -80,12 +115,7 @@ class ScoreRequest(Strict):
 
     _truncate = field_validator("truncate_prompt_tokens")(_not_zero)
 
-    @field_validator("text_1", "text_2", mode="before")
-    @classmethod
-    def _not_empty(cls, value: object) -> object:
-        if isinstance(value, list) and not value:
-            raise ValueError("must not be an empty list")
-        return value
+    _shape = field_validator("text_1", "text_2", mode="before")(_texts_shape)
 
 
 class ScoreData(BaseModel):
