@@ -112,7 +112,7 @@ async def test_rerank_sorts_the_documents_by_the_scores_of_their_pairs(
         assert again.json()["results"] == body["results"], path
 
 
-async def test_rerank_top_n_and_return_documents(cross_client: httpx.AsyncClient, bert_tokenizer: Any) -> None:
+async def test_rerank_top_n_return_documents_and_ties(cross_client: httpx.AsyncClient, bert_tokenizer: Any) -> None:
     body = {"model": MODEL, "query": QUERY, "documents": DOCUMENTS, "top_n": 2, "return_documents": False}
     results = (await cross_client.post(RERANK, json=body)).json()["results"]
     scores, _ = pair_scores(bert_tokenizer, [QUERY] * 4, DOCUMENTS)
@@ -120,13 +120,9 @@ async def test_rerank_top_n_and_return_documents(cross_client: httpx.AsyncClient
     assert all(set(r) == {"index", "relevance_score"} for r in results)  # no document key at all
     every = (await cross_client.post(RERANK, json={**body, "top_n": 10})).json()["results"]
     assert len(every) == 4  # more than there are: all of them
-
-
-async def test_ties_keep_the_documents_order(cross_client: httpx.AsyncClient) -> None:
-    body = {"model": MODEL, "query": QUERY, "documents": ["same", "other text", "same", "same"]}
-    results = (await cross_client.post(RERANK, json=body)).json()["results"]
-    same = [r["index"] for r in results if r["index"] != 1]
-    assert same == [0, 2, 3]
+    ties = {"model": MODEL, "query": QUERY, "documents": ["same", "other text", "same", "same"]}
+    results = (await cross_client.post(RERANK, json=ties)).json()["results"]
+    assert [r["index"] for r in results if r["index"] != 1] == [0, 2, 3]  # equal scores keep the documents' order
 
 
 PAIRINGS: list[tuple[str | list[str], str | list[str]]] = [
@@ -150,15 +146,6 @@ async def test_score_pairs_as_vllm_does(cross_client: httpx.AsyncClient, bert_to
         assert {d["object"] for d in body["data"]} == {"score"} and body["object"] == "list"
         assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
         assert body["id"].startswith("score-") and isinstance(body["created"], int)
-
-
-async def test_score_lists_of_different_lengths_are_a_400(
-    cross_client: httpx.AsyncClient, pair_scorer: FakePairScorer
-) -> None:
-    body = {"model": MODEL, "text_1": DOCUMENTS[:2], "text_2": DOCUMENTS}
-    error = assert_error(await cross_client.post(SCORE, json=body), 400, "text_1")
-    assert "1:1, 1:N or N:N" in error["message"]
-    assert pair_scorer.pairs == []
 
 
 async def test_long_pairs_are_refused_unless_truncation_is_asked(
@@ -211,7 +198,7 @@ BAD_SCORE: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-async def test_bad_bodies_get_a_400_naming_the_field(
+async def test_bad_bodies_get_a_400_naming_the_field_and_an_unknown_model_a_404(
     cross_client: httpx.AsyncClient, pair_scorer: FakePairScorer
 ) -> None:
     for body, param in BAD_RERANK:
@@ -220,12 +207,12 @@ async def test_bad_bodies_get_a_400_naming_the_field(
     for body, param in BAD_SCORE:
         request = {"model": MODEL, "text_1": QUERY, "text_2": DOCUMENTS, **body}
         assert_error(await cross_client.post(SCORE, json=request), 400, param)
+    mismatched = {"model": MODEL, "text_1": DOCUMENTS[:2], "text_2": DOCUMENTS}
+    error = assert_error(await cross_client.post(SCORE, json=mismatched), 400, "text_1")
+    assert "1:1, 1:N or N:N" in error["message"]
+    unknown = {"model": "other", "query": QUERY, "documents": DOCUMENTS}
+    assert_error(await cross_client.post(RERANK, json=unknown), 404, "model", "model_not_found")
     assert pair_scorer.pairs == []
-
-
-async def test_unknown_model_is_a_404(cross_client: httpx.AsyncClient) -> None:
-    body = {"model": "other", "query": QUERY, "documents": DOCUMENTS}
-    assert_error(await cross_client.post(RERANK, json=body), 404, "model", "model_not_found")
 
 
 class CountingPairs(TokenizerService):

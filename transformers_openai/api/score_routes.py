@@ -33,7 +33,8 @@ def build_cohere_v2_router() -> APIRouter:
     """Cohere's v2 path of rerank (its SDK's `ClientV2.rerank`), answered as /v1/rerank is."""
     router = APIRouter()
 
-    @router.post("/v2/rerank", responses={200: {"model": RerankResponse}, **_ERRORS}, response_model=None)
+    # Not in /openapi.json: the same operation as /v1/rerank (it is documented there).
+    @router.post("/v2/rerank", response_model=None, include_in_schema=False)
     async def rerank_v2(body: RerankRequest, request: Request) -> Response:
         return await _rerank(body, request)
 
