@@ -266,7 +266,10 @@ class Settings(BaseSettings):
         "dropped first; 0 keeps none.",
     )
     max_embedding_tokens: int = Field(
-        300_000, ge=1, description="Most tokens one /v1/embeddings request may hold over all its inputs; more get 400."
+        300_000,
+        ge=1,
+        description="Most tokens one /v1/embeddings, /v1/rerank or /v1/score request may hold over all its inputs (a "
+        "cross-encoder's pairs); more get 400.",
     )
     torch_threads: int | None = Field(
         None,
