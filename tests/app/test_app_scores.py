@@ -287,3 +287,5 @@ async def test_which_kinds_serve_which_routes(cross_client: httpx.AsyncClient, c
     assert "cross-encoder" in error["message"] and "/v1/score" in error["message"]
     tokenized = await cross_client.post("/tokenize", json={"prompt": "a cross-encoder still tokenizes"})
     assert tokenized.status_code == 200
+    card = (await cross_client.get("/v1/models")).json()["data"][0]
+    assert card["input_modalities"] == ["text"]

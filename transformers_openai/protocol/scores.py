@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from transformers_openai.protocol.base import Strict, Text, Tolerant
+from transformers_openai.protocol.base import Strict, Text
 
 MAX_SCORE_TEXTS = 10_000  # documents of one rerank request, or texts on one side of a score request (Cohere's bound)
 
@@ -24,8 +24,11 @@ def _not_zero(value: int | None) -> int | None:
     return value
 
 
-class RerankDocument(Tolerant):
-    """A document as an object (Jina's and Cohere's form); keys beside `text` (a title, an id) are ignored."""
+class RerankDocument(BaseModel):
+    """A document as an object (Jina's and Cohere's form). Keys beside `text` (a title, an id) are the client's own
+    record of the document: ignored without a word (a warning per key would repeat for every document)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     text: Text
 
