@@ -15,6 +15,7 @@ os.environ.setdefault("CPU_COMPILE", "false")
 
 from tests.model_factory import (  # noqa: E402
     build_tiny_bert,
+    build_tiny_cross_encoder,
     build_tiny_llama,
     cache_root,
     convert_whisper_tiny_en,
@@ -88,6 +89,11 @@ def minilm_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_dir() -> Path:
     return build_tiny_bert(cache_root() / "tiny-bert-embedding")
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir() -> Path:
+    return build_tiny_cross_encoder(cache_root() / "tiny-cross-encoder")
 
 
 @pytest.fixture(scope="session")

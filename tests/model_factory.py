@@ -1,4 +1,5 @@
-"""Test models without a model hub: SmolLM2-135M-Instruct and Whisper tiny.en from PyPI, tiny random Llama and T5."""
+"""Test models without a model hub: SmolLM2-135M-Instruct and Whisper tiny.en from PyPI, tiny random Llama, T5, BERT
+and a BERT cross-encoder."""
 
 from __future__ import annotations
 
@@ -231,6 +232,37 @@ def build_tiny_bert(dest: Path, seed: int = 0) -> Path:
         (tmp / name).parent.mkdir(exist_ok=True)
         shutil.copy(minilm / name, tmp / name)
     (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    tmp.rename(dest)
+    return dest
+
+
+@built_once
+def build_tiny_cross_encoder(dest: Path, seed: int = 0) -> Path:
+    """A 2-layer random BERT with a one-label classification head (a cross-encoder's shape, as the ms-marco MiniLM
+    rerankers are), with MiniLM's tokenizer: query and document go in as a pair, with token types."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(unpack_minilm(cache_root() / "all-minilm-l6-v2"))
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        # Large random weights spread the scores (logits of standard deviation ~1.7 over mixed pairs; at BERT's
+        # usual 0.02 they all sit within 1e-4 of each other, and any ranking would be a tie broken by rounding).
+        initializer_range=0.5,
+    )
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config)
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     tmp.rename(dest)
     return dest
 

@@ -19,6 +19,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
     AutoProcessor,
     AutoTokenizer,
     PretrainedConfig,
@@ -29,9 +30,13 @@ from transformers.distributed.configuration_utils import DistributedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from transformers_openai.embedding_loader import (
+    CROSS_ENCODER,
     ENCODER_TYPES,
+    cross_encoder_activation,
+    cross_encoder_context,
     embedding_context,
     embedding_pooling,
+    is_cross_encoder,
     sentence_transformers_dir,
 )
 from transformers_openai.engine.async_engine import AsyncEngine
@@ -77,10 +82,13 @@ GPU_ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 def detect_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:
-    """The model kind: `override` unless it is auto; a sentence-transformers directory or a BERT-family encoder is
-    an embedding model (a decoder is served for embeddings only when asked: --model-kind embedding)."""
+    """The model kind: `override` unless it is auto; a sequence classifier with one label is a cross-encoder, and
+    else a sentence-transformers directory or a BERT-family encoder is an embedding model (a decoder is served for
+    embeddings only when asked: --model-kind embedding)."""
     if override != "auto":
         return override
+    if is_cross_encoder(config):
+        return CROSS_ENCODER
     if sentence_transformers or config.model_type in ENCODER_TYPES:
         return "embedding"
     if config.model_type == "whisper":
@@ -259,8 +267,10 @@ def load_serving_context(
     # A vision-language model's processor before its weights: one that cannot be loaded fails the start at once.
     processor = _processor(settings.model) if Capability.VISION in spec.capabilities else None
     phases.done("config and tokenizer")
-    # Embeddings: the pooling read (and a model that cannot be pooled refused) before the weights are loaded.
-    pooling = embedding_pooling(settings, config) if spec.build_runner is None else None
+    # Embeddings and cross-encoders: the pooling or the activation read (and a model that cannot be served so
+    # refused) before the weights are loaded.
+    activation = cross_encoder_activation(settings.model, config) if kind == CROSS_ENCODER else None
+    pooling = embedding_pooling(settings, config) if spec.build_runner is None and activation is None else None
     ranks = _join_ranks(settings, config, kind, leader.rendezvous if leader is not None else None)
     dtype = resolve_dtype(settings.dtype, device)
     model, quantization = _load_model(settings, config, spec.model_class, device, dtype, ranks, phases)
@@ -271,7 +281,11 @@ def load_serving_context(
         # Plain float linear layers only: quantized ones keep their own kernels.
         logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
         phases.done("packing")
-    if pooling is not None:  # a kind with an engine of its own
+    if activation is not None:  # kinds with an engine of their own
+        context = replace(
+            cross_encoder_context(settings, config, tokenizer, model, activation), quantization=quantization
+        )
+    elif pooling is not None:
         context = replace(embedding_context(settings, config, tokenizer, model, pooling), quantization=quantization)
     else:
         context = _generation_context(settings, kind, model, tokenizer, quantization, observer, leader, ranks, phases)
@@ -635,7 +649,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
         frozenset({Capability.SPEECH}),
         _decoder_positions,
     ),
-    "embedding": ModelKind(AutoModel, None, frozenset({Capability.EMBEDDINGS}), _text_context),
+    "embedding": ModelKind(AutoModel, None, frozenset({Capability.EMBEDDINGS, Capability.SCORES}), _text_context),
+    CROSS_ENCODER: ModelKind(AutoModelForSequenceClassification, None, frozenset({Capability.SCORES}), _text_context),
     VISION_KIND: ModelKind(
         AutoModelForImageTextToText,
         lambda m, rows, n, _, kv: (VisionLMRunner(m, rows, n, kv), None),

@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from transformers_openai.quantization import Int8Products, QuantizationChoice, quantization_help
 
-ModelKind = Literal["auto", "causal-lm", "image-text-to-text", "seq2seq", "whisper", "embedding"]
+ModelKind = Literal["auto", "causal-lm", "image-text-to-text", "seq2seq", "whisper", "embedding", "cross-encoder"]
 # Lists come as repeated flags or as comma-separated environment variables (API_KEY=a,b).
 CommaList = Annotated[list[str], NoDecode]
 _BYTES = TypeAdapter(ByteSize)  # "4GiB", "512MB"
@@ -92,8 +92,10 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(None, description="Model id clients use; defaults to --model.")
     model_kind: ModelKind = Field(
         "auto",
-        description="Model kind; auto detects it from the model's config (sentence-transformers directories and "
-        "BERT-family encoders: embedding). 'embedding' serves a decoder's last-token vectors on /v1/embeddings.",
+        description="Model kind; auto detects it from the model's config (a *ForSequenceClassification "
+        "architecture with one label: cross-encoder; sentence-transformers directories and BERT-family encoders: "
+        "embedding). 'embedding' serves a decoder's last-token vectors on /v1/embeddings; 'cross-encoder' scores "
+        "pairs on /v1/rerank and /v1/score.",
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(7088, ge=1, le=65535, description="Port to bind.")
@@ -264,7 +266,10 @@ class Settings(BaseSettings):
         "dropped first; 0 keeps none.",
     )
     max_embedding_tokens: int = Field(
-        300_000, ge=1, description="Most tokens one /v1/embeddings request may hold over all its inputs; more get 400."
+        300_000,
+        ge=1,
+        description="Most tokens one /v1/embeddings, /v1/rerank or /v1/score request may hold over all its inputs (a "
+        "cross-encoder's pairs); more get 400.",
     )
     torch_threads: int | None = Field(
         None,

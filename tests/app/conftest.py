@@ -19,6 +19,12 @@ def hf_tokenizer(tiny_llama_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
+@pytest.fixture(scope="session")
+def bert_tokenizer(minilm_dir: Path) -> Any:
+    """MiniLM's tokenizer: it makes token types for pairs, as BERT cross-encoders read them."""
+    return AutoTokenizer.from_pretrained(minilm_dir)
+
+
 @pytest.fixture
 def fake() -> FakeEngine:
     return FakeEngine()

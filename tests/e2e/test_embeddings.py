@@ -156,6 +156,29 @@ def test_langchain_openai_embeddings(minilm_server: ServerProcess, sentence_tran
 
 
 @pytest.mark.slow
+def test_rerank_and_score_are_the_cosine_similarities_of_the_embeddings(
+    minilm_server: ServerProcess, sentence_transformer: SentenceTransformer
+) -> None:
+    query = "Where do the wizards mix their potions?"
+    documents = mixed_texts(count=8, longest_words=40)
+    body = {"model": "test-model", "query": query, "documents": documents}
+    rerank = httpx.post(f"{minilm_server.base_url}/rerank", json=body, timeout=60).json()
+    indexes = [r["index"] for r in rerank["results"]]
+    got = np.array([r["relevance_score"] for r in rerank["results"]])
+    assert sorted(indexes) == list(range(len(documents))) and np.all(np.diff(got) <= 0)
+    expected = sentence_transformer.encode([query, *documents])
+    assert np.abs(got - cosines(np.repeat(expected[:1], len(documents), 0), expected[1:])[indexes]).max() < 1e-4
+    own = sync_client(minilm_server).embeddings.create(model="test-model", input=[query, *documents])
+    vectors = np.array([d.embedding for d in own.data])  # the server's own vectors: the same numbers to rounding
+    assert np.abs(got - cosines(np.repeat(vectors[:1], len(documents), 0), vectors[1:])[indexes]).max() < 1e-6
+    tokens = sentence_transformer.tokenizer([query, *documents])["input_ids"]
+    assert rerank["usage"]["total_tokens"] == sum(len(ids) for ids in tokens)  # the query embedded once
+    pairs = {"model": "test-model", "text_1": documents[::-1], "text_2": documents}
+    scores = [d["score"] for d in httpx.post(f"{minilm_server.root_url}/score", json=pairs, timeout=60).json()["data"]]
+    assert np.abs(np.array(scores) - cosines(vectors[1:][::-1], vectors[1:])).max() < 1e-6
+
+
+@pytest.mark.slow
 def test_length_limit_truncation_and_refusals(
     minilm_server: ServerProcess, sentence_transformer: SentenceTransformer
 ) -> None:

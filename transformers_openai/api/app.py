@@ -24,6 +24,7 @@ from transformers_openai.api.middleware import (
 from transformers_openai.api.openapi import install_openapi
 from transformers_openai.api.response_routes import build_responses_router
 from transformers_openai.api.routes import build_ops_router, build_router
+from transformers_openai.api.score_routes import build_cohere_v2_router, build_score_router
 from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
 from transformers_openai.settings import Settings
@@ -64,11 +65,14 @@ def create_app(
     audio = build_audio_router()
     responses = build_responses_router()
     embeddings = build_embedding_router()
+    scores = build_score_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
         app.include_router(responses, prefix=prefix)
         app.include_router(embeddings, prefix=prefix)
+        app.include_router(scores, prefix=prefix)
+    app.include_router(build_cohere_v2_router())
     app.include_router(build_ops_router())
     # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;
     # auth reads headers only, so a client without a key never holds any of the budget of body bytes in flight.

@@ -151,6 +151,7 @@ def _get(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Callable[...,
 _MODALITIES = (
     (Capability.TEXT, "text"),
     (Capability.EMBEDDINGS, "text"),
+    (Capability.SCORES, "text"),
     (Capability.VISION, "image"),
     (Capability.SPEECH, "audio"),
 )

@@ -12,6 +12,7 @@ from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
+from transformers_openai.serving.scoring.handler import ScoreHandler
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.completions import CompletionHandler
@@ -34,6 +35,7 @@ class Handlers:
     tokenize: TokenizeHandler  # every model kind has a tokenizer
     text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
     embedder: EmbeddingHandler | None = None
+    scorer: ScoreHandler | None = None  # /v1/rerank and /v1/score: cross-encoders and embedding models
 
     @property
     def chat(self) -> ChatHandler:
@@ -51,6 +53,13 @@ class Handlers:
 
     @property
     def embeddings(self) -> EmbeddingHandler:
+        if self.embedder is None and self.scorer is not None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' is a cross-encoder: it scores a query and a document together and "
+                "gives no vectors; use /v1/rerank or /v1/score",
+                param="model",
+                code="model_not_supported",
+            )
         if self.embedder is None:
             raise BadRequestError(
                 f"the model '{self.model_name}' is not served as an embedding model; start the server with an "
@@ -61,8 +70,19 @@ class Handlers:
         return self.embedder
 
     @property
+    def scores(self) -> ScoreHandler:
+        if self.scorer is None:
+            raise BadRequestError(
+                f"the model '{self.model_name}' does not score text pairs: /v1/rerank and /v1/score serve "
+                "cross-encoders (a sequence classifier with one label) and embedding models (cosine similarity)",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.scorer
+
+    @property
     def transcriptions(self) -> TranscriptionHandler:
-        if self.embedder is not None:
+        if self._pooling_only:
             raise self._embedding_only()
         if self.speech is None:
             raise BadRequestError(
@@ -73,15 +93,26 @@ class Handlers:
             )
         return self.speech
 
+    @property
+    def _pooling_only(self) -> bool:
+        """An embedding model or a cross-encoder: it neither generates text nor transcribes."""
+        return self.text is None and self.speech is None and (self.embedder is not None or self.scorer is not None)
+
     def _embedding_only(self) -> BadRequestError:
+        """The answer of an embedding model or a cross-encoder to a route that generates."""
+        kind, routes = (
+            ("an embedding model", "/v1/embeddings")
+            if self.embedder is not None
+            else ("a cross-encoder", "/v1/rerank or /v1/score")
+        )
         return BadRequestError(
-            f"the model '{self.model_name}' is an embedding model: it does not generate text; use /v1/embeddings",
+            f"the model '{self.model_name}' is {kind}: it does not generate text; use {routes}",
             param="model",
             code="model_not_supported",
         )
 
     def _text(self) -> tuple[ChatHandler, CompletionHandler]:
-        if self.text is None and self.embedder is not None:
+        if self._pooling_only:
             raise self._embedding_only()
         if self.text is None:
             raise BadRequestError(
@@ -100,7 +131,10 @@ class Handlers:
         store = ResponseStore(context.max_stored_responses, context.max_stored_response_bytes)
         responses = ResponsesHandler(text[0], store) if text is not None else None
         embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
-        return cls(context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder)
+        scorer = ScoreHandler(context) if Capability.SCORES in context.capabilities else None
+        return cls(
+            context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder, scorer=scorer
+        )
 
 
 class AppState:

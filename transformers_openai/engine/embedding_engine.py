@@ -1,9 +1,13 @@
-"""The engine of an embedding model: requests queue up, its own thread embeds them in length-sorted batches.
+"""The engine of an embedding model or a cross-encoder: requests queue up, its own thread runs them in length-sorted
+batches.
 
 A request's inputs are cut into pieces of at most `max_rows` inputs and `max_tokens` padded tokens (what one forward
 may take). Each round the thread runs the next piece of every request it holds, batched together: concurrent
 requests share forwards, a big request runs piece by piece in turn with the requests that come after it, and a
 request whose caller left (cancelled) is dropped at the next forward, so it frees the engine within one piece.
+
+An input is whatever the runner takes (token ids for an embedding model, a `TokenPair` for a cross-encoder); the
+engine only needs its length.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import asyncio
 import concurrent.futures
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol
 
 import numpy as np
 import torch
+from typing_extensions import TypeVar
 
 from transformers_openai.engine.engine_thread import EngineThread
 from transformers_openai.engine.errors import EngineError, EngineOverloaded, EngineStopped
@@ -25,14 +30,27 @@ from transformers_openai.engine.request import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Vectors = list[np.ndarray]  # one float32 vector per input, in the request's order
+In = TypeVar("In", bound=Sized, default=list[int])  # one input of a runner
+Vectors = list[np.ndarray]  # one float32 vector per input (a cross-encoder's: its score alone), in the request's order
 
 
-class Embedder(Protocol):
-    """What the engine needs of a runner (`runners.embedding.EmbeddingRunner`, or a fake in tests)."""
+@dataclass(frozen=True)
+class TokenPair:
+    """A query and a document tokenized together for a cross-encoder: the ids with the model's special tokens, and
+    the token types that tell the two apart (None for a tokenizer without them, e.g. RoBERTa's)."""
 
-    def embed(self, inputs: list[list[int]]) -> torch.Tensor: ...
+    ids: list[int]
+    type_ids: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Embedder(Protocol[In]):
+    """What the engine needs of a runner (`runners.embedding.EmbeddingRunner`, `runners.cross_encoder.
+    CrossEncoderRunner`, or a fake in tests): one row of floats per input."""
+
+    def embed(self, inputs: list[In]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -46,10 +64,10 @@ class EmbeddingStats:
 
 
 @dataclass(eq=False)
-class _Job:
+class _Job(Generic[In]):
     """A request in the engine: its inputs, the pieces not run yet and the vectors found so far."""
 
-    inputs: list[list[int]]
+    inputs: list[In]
     future: concurrent.futures.Future[Vectors]  # stays pending until answered, so that a caller may cancel it
     pieces: deque[list[int]] = field(default_factory=deque)  # indexes into `inputs`, in the order they run
     vectors: list[np.ndarray | None] = field(default_factory=list)
@@ -112,7 +130,7 @@ def cut_pieces(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[l
     return found
 
 
-class EmbeddingEngine(EngineThread):
+class EmbeddingEngine(EngineThread, Generic[In]):
     """Thread-safe bridge between the event loop and the thread that runs the embedding model.
 
     `embed` admits a request at once (raises `EngineOverloaded` when `max_requests` are in flight) and resolves
@@ -122,7 +140,7 @@ class EmbeddingEngine(EngineThread):
 
     def __init__(
         self,
-        runner: Embedder,
+        runner: Embedder[In],
         max_rows: int,
         max_tokens: int,
         max_requests: int,
@@ -136,7 +154,7 @@ class EmbeddingEngine(EngineThread):
         self.forward_cost = forward_cost
         self.max_requests = max_requests
         self._threads = threads
-        self._jobs: list[_Job] = []
+        self._jobs: list[_Job[In]] = []
         self._in_flight: set[concurrent.futures.Future[Vectors]] = set()
         self._requests = self._inputs = self._forwards = self._dropped = 0
 
@@ -151,8 +169,8 @@ class EmbeddingEngine(EngineThread):
                 dropped=self._dropped,
             )
 
-    async def embed(self, inputs: list[list[int]]) -> Vectors:
-        """The vectors of `inputs` (non-empty token-id lists), computed in batches with other requests' inputs."""
+    async def embed(self, inputs: list[In]) -> Vectors:
+        """The vectors of `inputs` (none of them empty), computed in batches with other requests' inputs."""
         if not self.running:
             raise EngineStopped("the engine is not running")
         future: concurrent.futures.Future[Vectors] = concurrent.futures.Future()
@@ -162,7 +180,9 @@ class EmbeddingEngine(EngineThread):
                     f"server is at capacity ({self.max_requests} requests in flight); retry later", retry_after_s=1
                 )
             self._in_flight.add(future)
-            job = _Job(inputs, future, deque(cut_pieces([len(ids) for ids in inputs], self.max_rows, self.max_tokens)))
+            job = _Job(
+                inputs, future, deque(cut_pieces([len(item) for item in inputs], self.max_rows, self.max_tokens))
+            )
             job.vectors, job.left = [None] * len(inputs), len(inputs)
             self._jobs.append(job)
             self._cv.notify()
@@ -195,7 +215,7 @@ class EmbeddingEngine(EngineThread):
 
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # the thread's own setting
-        held: list[_Job] = []  # requests with pieces left to run
+        held: list[_Job[In]] = []  # requests with pieces left to run
         while True:
             with self._cv:
                 while not (self._jobs or self._calls or self._stopping or held):
@@ -215,7 +235,7 @@ class EmbeddingEngine(EngineThread):
             job.future.cancel()
         self._cancel_calls()
 
-    def _retire(self, jobs: list[_Job]) -> list[_Job]:
+    def _retire(self, jobs: list[_Job[In]]) -> list[_Job[In]]:
         """The jobs still to run; a cancelled one's inputs not embedded are counted as dropped."""
         keep = [job for job in jobs if job.pieces and not job.gone]
         dropped = sum(job.left for job in jobs if job.future.cancelled())
@@ -224,7 +244,7 @@ class EmbeddingEngine(EngineThread):
                 self._dropped += dropped
         return keep
 
-    def _round(self, jobs: list[_Job]) -> None:
+    def _round(self, jobs: list[_Job[In]]) -> None:
         """Runs the next piece of each job, all of them batched together."""
         rows = [(job, index) for job in jobs for index in job.pieces.popleft()]
         lengths = [len(job.inputs[index]) for job, index in rows]
@@ -233,7 +253,7 @@ class EmbeddingEngine(EngineThread):
             if live:
                 self._forward(live)
 
-    def _forward(self, rows: list[tuple[_Job, int]]) -> None:
+    def _forward(self, rows: list[tuple[_Job[In], int]]) -> None:
         """Embeds one batch of (job, input index) rows; a job whose last input this was is answered."""
         try:
             vectors = self.runner.embed([job.inputs[index] for job, index in rows]).numpy()
@@ -242,7 +262,7 @@ class EmbeddingEngine(EngineThread):
             for job in dict.fromkeys(job for job, _ in rows):
                 _settle(job.future, exception=EngineError(f"{type(exc).__name__}: {exc}"))
             return
-        finished: list[_Job] = []
+        finished: list[_Job[In]] = []
         for row, (job, index) in enumerate(rows):
             job.vectors[index] = vectors[row]
             job.left -= 1

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from numpy.typing import NDArray
 
+from transformers_openai.engine.embedding_engine import TokenPair
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
@@ -24,6 +25,7 @@ class Capability(str, enum.Enum):
     TEXT = "text"  # /v1/chat/completions, /v1/completions
     SPEECH = "speech"  # /v1/audio/transcriptions, /v1/audio/translations
     EMBEDDINGS = "embeddings"  # /v1/embeddings
+    SCORES = "scores"  # /v1/rerank, /v1/score: a cross-encoder's, or an embedding model's cosine similarity
     VISION = "vision"  # image parts in chat (and Responses) messages
 
 
@@ -108,6 +110,22 @@ class EmbeddingModel:
     max_total_tokens: int = 300_000  # tokens one request may hold over all its inputs (--max-embedding-tokens)
 
 
+class PairScoreClient(Protocol):
+    """The embedding engine running a cross-encoder, as the score handler uses it (EmbeddingEngine, or a fake)."""
+
+    async def embed(self, inputs: list[TokenPair]) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class CrossEncoderModel:
+    """What /v1/rerank and /v1/score need of a cross-encoder beside the tokenizer: the engine that scores token
+    pairs (one float each) and the model's limits."""
+
+    engine: PairScoreClient
+    max_input_len: int  # tokens of one pair, the special tokens included
+    max_total_tokens: int = 300_000  # tokens one request may hold over all its pairs (--max-embedding-tokens)
+
+
 class VisionPrompts(Protocol):
     """A vision-language model's prompts: chat messages with images rendered and tokenized by the model's own
     processor (`serving/vision/`), or a fake in tests."""
@@ -146,7 +164,8 @@ class ServingContext:
     prompt_limits: PromptLimits | None = None  # cheap limits checked on the raw body before anything else
     max_stored_responses: int = 1000  # /v1/responses kept for GET and previous_response_id; 0: none
     max_stored_response_bytes: int = 256 * 1024 * 1024  # what they may take together, as bytes of their JSON
-    embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings
+    embeddings: EmbeddingModel | None = None  # embedding models: /v1/embeddings (and scores by cosine similarity)
+    cross_encoder: CrossEncoderModel | None = None  # cross-encoders: /v1/rerank and /v1/score
     quantization: str = "none"  # how the weights are quantized (transformers_openai.quantization.describe)
     vision: VisionPrompts | None = None  # vision-language models: prompts with images
     # How the thought is told from the answer (settings.reasoning_parser: auto, none, deepseek_r1, qwen3,

@@ -143,6 +143,14 @@ class TokenizerService:
         truncates (its special tokens kept)."""
         return await self._in_pool(self._encode_many, texts, max_length)
 
+    async def encode_pairs(
+        self, firsts: list[str], seconds: list[str], max_length: int | None = None
+    ) -> list[tuple[list[int], list[int] | None]]:
+        """Each (first, second) pair tokenized together as a cross-encoder reads it: the ids with the model's special
+        tokens, and the token types where the tokenizer makes them; with `max_length`, cut to it as the tokenizer
+        truncates a pair (from the longer of the two)."""
+        return await self._in_pool(self._encode_pairs, firsts, seconds, max_length)
+
     def longest_token_chars(self) -> int:
         """The most characters one token of the vocabulary decodes to (bounds how few tokens a text can take)."""
         with self._lock:
@@ -200,6 +208,16 @@ class TokenizerService:
         with self._own() as tokenizer:
             cut = {"truncation": True, "max_length": max_length} if max_length is not None else {}
             return [list(ids) for ids in tokenizer(texts, **cut)["input_ids"]]
+
+    def _encode_pairs(
+        self, firsts: list[str], seconds: list[str], max_length: int | None
+    ) -> list[tuple[list[int], list[int] | None]]:
+        with self._own() as tokenizer:
+            cut = {"truncation": True, "max_length": max_length} if max_length is not None else {}
+            encoded = tokenizer(firsts, seconds, **cut)
+            types = encoded.get("token_type_ids") or [None] * len(firsts)
+            pairs = zip(encoded["input_ids"], types, strict=True)
+            return [(list(ids), None if kinds is None else list(kinds)) for ids, kinds in pairs]
 
     def _decode(self, token_ids: list[int]) -> str:
         with self._own() as tokenizer:
