@@ -219,6 +219,7 @@ BAD_FIELDS = [
     ({"model": MODEL}, None, 400, "file"),
     ({"model": MODEL, "response_format": "xml"}, b"x", 400, "response_format"),
     ({"model": MODEL, "temperature": "2"}, b"x", 400, "temperature"),
+    ({"model": MODEL, "temperature": "nan", "stream": "true"}, b"x", 400, "temperature"),
     ({"model": MODEL, "timestamp_granularities[]": "word"}, b"x", 400, "timestamp_granularities"),
     (
         {"model": MODEL, "timestamp_granularities[]": "char", "response_format": "verbose_json"},
