@@ -29,6 +29,7 @@ from tests.audio_encoding import low_rate_matroska, low_rate_wav, silent_flac
 from tests.e2e.conftest import async_client, sync_client
 from tests.e2e.server import ServerProcess
 from tests.e2e.speech_reference import generate_text, samples, silences, word_error_rate, words
+from tests.e2e.test_transcription_stream import stream_counting_steps
 
 pytestmark = pytest.mark.slow
 
@@ -154,25 +155,30 @@ def test_long_form_text_and_times(whisper_server: ServerProcess, whisper_dir: Pa
 
 
 def test_streamed_deltas_and_cues_join_to_the_response(whisper_server: ServerProcess, audio_dir: Path) -> None:
+    """Long audio streamed token by token (temperature given: no fallback): the first window's first sentence word
+    by word, the rest as each segment becomes final (the later windows' first steps find likely silence, so each
+    is held to its end), cues as segments finish, joined to exactly the non-streamed text."""
     clip = audio_dir / LONG
-    full, segments = transcribe_verbose(whisper_server, clip)
-    with httpx.stream(
-        "POST",
-        f"{whisper_server.base_url}/audio/transcriptions",
-        timeout=300,
-        files={"file": clip.open("rb")},
-        data={"model": MODEL, "stream": "true", "response_format": "srt"},
-    ) as response:
-        assert response.headers["content-type"].startswith("text/event-stream")
-        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    events = [json.loads(line) for line in lines[:-1]]
+    with clip.open("rb") as f:
+        full = sync_client(whisper_server).audio.transcriptions.create(
+            model=MODEL, file=f, temperature=0, response_format="verbose_json"
+        )
+    segments = full.segments or []
+    events, to_first, total = stream_counting_steps(whisper_server, clip, response_format="srt")
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
     cues = [e for e in events if e["type"] == "transcript.text.segment"]
     assert "".join(deltas) == events[-1]["text"] == full.text and events[-1]["type"] == "transcript.text.done"
     expected = [(s.start, s.end, s.text.strip()) for s in segments]
     assert [(c["start"], c["end"], c["text"]) for c in cues] == expected
     assert [c["id"] for c in cues] == [f"seg_{s.id}" for s in segments]
+    assert len({s.seek for s in segments}) >= 3 and 0 < to_first <= total / 10, (to_first, total)
+    joined, ends = "", set()
+    for delta in deltas:
+        joined += delta
+        ends.add(len(joined))
+    bounds = [len("".join(s.text for s in segments[: i + 1]).lstrip()) for i in range(len(segments))]
+    assert set(bounds) <= ends  # never one delta across two segments
+    assert len([end for end in ends if end <= bounds[0]]) >= len(segments[0].text.split())  # word by word
 
 
 def test_mp3_and_wav_give_the_same_text(whisper_server: ServerProcess, whisper_dir: Path, audio_dir: Path) -> None:
@@ -213,6 +219,7 @@ BAD_FIELDS = [
     ({"model": MODEL}, None, 400, "file"),
     ({"model": MODEL, "response_format": "xml"}, b"x", 400, "response_format"),
     ({"model": MODEL, "temperature": "2"}, b"x", 400, "temperature"),
+    ({"model": MODEL, "temperature": "nan", "stream": "true"}, b"x", 400, "temperature"),
     ({"model": MODEL, "timestamp_granularities[]": "word"}, b"x", 400, "timestamp_granularities"),
     (
         {"model": MODEL, "timestamp_granularities[]": "char", "response_format": "verbose_json"},

@@ -233,3 +233,52 @@ def test_a_decode_out_of_memory_is_a_503(
     with pytest.raises(ServiceUnavailableError) as caught:
         asyncio.run(serving.create(TranscriptionRequest(audio=clip(1), filename="a.wav", model=MODEL), never))
     assert caught.value.status_code == 503 and caught.value.param == "file"
+
+
+class TokenByTokenEngine(FakeEngine):
+    """Answers every window one token per output, and records how many outputs each window had sent when the
+    handler passed its stream an event (the consumer reads events one by one)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(tokens)
+        self.sent = 0
+
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        for at, token in enumerate(self.tokens):
+            self.sent = at + 1
+            last = at == len(self.tokens) - 1
+            yield RequestOutput(
+                request_id=request.request_id,
+                text="",
+                token_ids=[token],
+                prompt_tokens=len(request.prompt_token_ids),
+                completion_tokens=at + 1,
+                finish_reason=FinishReason.STOP if last else None,
+                info={"no_speech_prob": 0.01} if at == 0 else None,
+            )
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_a_stream_without_fallback_sends_each_word_as_it_is_decoded(
+    parts: tuple[Any, Any, TokenizerService], fallback: bool
+) -> None:
+    engine = TokenByTokenEngine(window_tokens(parts))
+    serving = handler(parts, engine)
+
+    async def run() -> list[tuple[str, str, int]]:
+        body = TranscriptionRequest(audio=clip(1), filename="a.wav", model=MODEL, stream=True, fallback=fallback)
+        events = await serving.create(body, never)
+        seen = []
+        async for event in events:  # type: ignore[union-attr]
+            fields = event.model_dump()
+            seen.append((fields["type"], fields.get("delta", fields.get("text", "")), engine.sent))
+        return seen
+
+    seen = asyncio.run(run())
+    deltas = [(text, sent) for kind, text, sent in seen if kind == "transcript.text.delta"]
+    assert seen[-1][:2] == ("transcript.text.done", "Hello there.")
+    assert "".join(text for text, _ in deltas) == "Hello there."
+    if fallback:  # a retry could still take the window's text back: it comes once the window is done
+        assert deltas == [("Hello there.", len(engine.tokens))]
+    else:  # the timestamp, then a word per token
+        assert deltas[0] == ("Hello", 2) and len(deltas) >= 2 and deltas[-1][1] < len(engine.tokens)

@@ -37,7 +37,15 @@ FileField = Annotated[UploadFile, File(description="The audio: wav, flac, mp3, o
 ModelField = Annotated[str, Form(description="The served model's id")]
 PromptField = Annotated[str | None, Form(description="Text to condition the first window on (spelling, names)")]
 FormatField = Annotated[ResponseFormat, Form()]
-TemperatureField = Annotated[float, Form(ge=0.0, le=1.0, description="0: greedy, with fallback to hotter retries")]
+TemperatureField = Annotated[
+    float | None,
+    Form(
+        ge=0.0,
+        le=1.0,
+        description="Not given: greedy, a rejected window retried at 0.2, 0.4, ... 1.0 (streams per window); "
+        "given: this temperature alone, no retries (streams token by token)",
+    ),
+]
 
 
 def build_audio_router() -> APIRouter:
@@ -51,7 +59,7 @@ def build_audio_router() -> APIRouter:
         language: Annotated[str | None, Form(description="ISO-639-1 code of the audio's language")] = None,
         prompt: PromptField = None,
         response_format: FormatField = "json",
-        temperature: TemperatureField = 0.0,
+        temperature: TemperatureField = None,
         granularities: Annotated[list[Granularity] | None, Form(alias="timestamp_granularities[]")] = None,
         granularities_plain: Annotated[list[Granularity] | None, Form(alias="timestamp_granularities")] = None,
         stream: Annotated[bool, Form(description="Send text as it is decoded (Server-Sent Events)")] = False,
@@ -71,7 +79,7 @@ def build_audio_router() -> APIRouter:
         model: ModelField,
         prompt: PromptField = None,
         response_format: FormatField = "json",
-        temperature: TemperatureField = 0.0,
+        temperature: TemperatureField = None,
     ) -> Response:
         return await _serve(request, "translate", file, model, prompt, response_format, temperature, {})
 
@@ -85,7 +93,7 @@ async def _serve(
     model: str,
     prompt: str | None,
     response_format: ResponseFormat,
-    temperature: float,
+    temperature: float | None,
     fields: dict[str, Any],
 ) -> Response:
     app = request.app
@@ -101,7 +109,8 @@ async def _serve(
             task=task,
             prompt=prompt,
             response_format=response_format,
-            temperature=temperature,
+            temperature=0.0 if temperature is None else temperature,
+            fallback=temperature is None,
             **fields,
         )
         # The handler has decoded the file by the time it answers, even with a stream of events.

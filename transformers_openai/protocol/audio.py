@@ -24,6 +24,7 @@ class TranscriptionRequest:
     prompt: str | None = None
     response_format: ResponseFormat = "json"
     temperature: float = 0.0
+    fallback: bool = True  # retry a rejected window hotter (temperature not given); off: `temperature` alone
     granularities: frozenset[Granularity] = frozenset()
     stream: bool = False
 

@@ -190,6 +190,11 @@ class TokenizerService:
                 raise BadRequestError(message, param="messages") from exc
             return list(tokenizer.encode(text, add_special_tokens=False))
 
+    def decoder_copy(self) -> Decoder:
+        """A decoder for one thread's own use (e.g. the event loop's, for text streamed token by token); make it
+        once, at start-up: a copy takes a while and holds the GIL meanwhile."""
+        return engine_decoder(self._tokenizer)
+
     def decode_now(self, token_ids: list[int]) -> str:
         """Decodes on the calling thread (one that may block: not the event loop), with the original tokenizer: it
         takes no worker's copy away from the prompts being rendered."""

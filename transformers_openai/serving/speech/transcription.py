@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +39,7 @@ from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import WaitDisconnect, until_disconnect
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
 from transformers_openai.serving.speech.audio import decode_audio
+from transformers_openai.serving.speech.live_text import SentText, WindowPlace, WindowText
 from transformers_openai.serving.speech.longform import (
     FRAMES_PER_POSITION,
     FRAMES_PER_SECOND,
@@ -89,6 +90,7 @@ class TranscriptionHandler:
         # Uploads decoded at once: each holds up to the length limit's samples and its features while it decodes.
         self._decodes = asyncio.Semaphore(self.speech.max_audio_decodes)
         self._releases: set[asyncio.Task[None]] = set()
+        self._decoder = ctx.tokenizer.decoder_copy()  # streamed text, decoded token by token on the event loop
 
     async def create(
         self, request: TranscriptionRequest, wait_disconnect: WaitDisconnect, request_id: str | None = None
@@ -221,8 +223,9 @@ class TranscriptionHandler:
         prompt: list[int],
         progress: _Progress,
         first: tuple[str, AsyncIterator[RequestOutput]],
-    ) -> AsyncIterator[TranscriptionSegment]:
-        """The segments in order, as their windows finish; closing it early aborts the window in flight."""
+    ) -> AsyncIterator[TranscriptionSegment | str]:
+        """The segments in order, as their windows finish, and before them the text of the window in decoding that
+        no later token can take back (streams with fallback off); closing it early aborts the window in flight."""
         tokens = self.speech.tokens
         carried, reset_since = list(prompt), 0
         seek, window, last_speech = 0, 0, 0.0
@@ -232,7 +235,16 @@ class TranscriptionHandler:
             while seek < audio.content_frames:
                 size = min(WINDOW_FRAMES, audio.content_frames - seek)
                 prefix = self._prefix(request, language, carried[reset_since:])
-                attempt = await self._decode_window(key, window, prefix, audio, seek, request.temperature, pending)
+                live = self._live_text(request, audio, seek)
+                attempt: Attempt | None = None
+                decoding = self._decode_window(key, window, prefix, audio, seek, request, pending, live)
+                async with contextlib.aclosing(decoding):
+                    async for item in decoding:
+                        if isinstance(item, Attempt):
+                            attempt = item
+                        else:
+                            yield item
+                assert attempt is not None
                 pending = None
                 window += 1
                 progress.windows += 1
@@ -289,6 +301,15 @@ class TranscriptionHandler:
         with contextlib.suppress(Exception):  # a stopped engine keeps nothing; a runner without windows neither
             await self.speech.calls.release_windows(key)
 
+    def _live_text(self, request: TranscriptionRequest, audio: _Audio, seek: int) -> WindowText | None:
+        """What streams a window's text token by token: only when no retry can take it back (fallback off) and
+        word times cannot move its segments' bounds."""
+        if not request.stream or request.fallback or request.word_timestamps:
+            return None
+        tokens = self.speech.tokens
+        place = WindowPlace(start=seek / FRAMES_PER_SECOND, duration=audio.duration)
+        return WindowText(self._decoder, tokens.eot, tokens.timestamp_begin, place)
+
     async def _decode_window(
         self,
         key: str,
@@ -296,23 +317,36 @@ class TranscriptionHandler:
         prefix: list[int],
         audio: _Audio,
         seek: int,
-        temperature: float,
+        request: TranscriptionRequest,
         pending: tuple[str, AsyncIterator[RequestOutput]] | None,
-    ) -> Attempt:
-        """Decodes a window, again at higher temperatures while its text looks repetitive or unlikely."""
+        live: WindowText | None,
+    ) -> AsyncGenerator[str | Attempt, None]:
+        """Decodes a window, again at higher temperatures while its text looks repetitive or unlikely (with
+        fallback on); yields the text `live` vouches for as it comes, then the attempt kept."""
+        schedule = temperatures(request.temperature) if request.fallback else [request.temperature]
         attempt: Attempt | None = None
-        for number, hotter in enumerate(temperatures(temperature)):
+        for number, hotter in enumerate(schedule):
             if number == 0 and pending is not None:
                 engine_id, stream = pending
             else:
                 engine_id, stream = self._submit(key, window, number, prefix, audio, hotter, seek)
-            attempt = await self._attempt(engine_id, stream, hotter)
+            outputs = self._attempt(engine_id, stream, hotter, live)
+            async with contextlib.aclosing(outputs):
+                async for item in outputs:
+                    if isinstance(item, Attempt):
+                        attempt = item
+                    else:
+                        yield item
+            assert attempt is not None
             if not attempt.needs_fallback:
                 break
         assert attempt is not None
-        return attempt
+        yield attempt
 
-    async def _attempt(self, engine_id: str, stream: AsyncIterator[RequestOutput], temperature: float) -> Attempt:
+    async def _attempt(
+        self, engine_id: str, stream: AsyncIterator[RequestOutput], temperature: float, live: WindowText | None
+    ) -> AsyncGenerator[str | Attempt, None]:
+        """One decoding of a window: the text `live` vouches for as its tokens come, then the attempt."""
         eot = self.speech.tokens.eot
         sampled: list[int] = []
         logprob_sum = 0.0
@@ -324,12 +358,15 @@ class TranscriptionHandler:
                 logprob_sum += sum(entry.logprob for entry in output.logprobs or ())
                 if output.info:
                     no_speech = float(output.info.get("no_speech_prob", no_speech))
+                piece = live.push(list(output.token_ids), no_speech) if live is not None else ""
+                if piece:
+                    yield piece
         finally:
             self.ctx.engine.abort(engine_id)
         if sampled and sampled[-1] == eot:
             sampled.pop()
         text = await self.ctx.tokenizer.decode([token for token in sampled if token < eot])
-        return Attempt(sampled, logprob_sum, temperature, no_speech, text)
+        yield Attempt(sampled, logprob_sum, temperature, no_speech, text)
 
     async def _words(
         self,
@@ -373,26 +410,25 @@ class TranscriptionHandler:
             language=language if tokens.multilingual else None, task="transcribe", timestamps=False, previous=[]
         )
 
-    async def _collect(self, segments: AsyncIterator[TranscriptionSegment]) -> None:
+    async def _collect(self, segments: AsyncIterator[TranscriptionSegment | str]) -> None:
         async for _ in segments:
             pass
 
     async def _events(
-        self, request: TranscriptionRequest, progress: _Progress, segments: AsyncIterator[TranscriptionSegment]
+        self, request: TranscriptionRequest, progress: _Progress, segments: AsyncIterator[TranscriptionSegment | str]
     ) -> AsyncIterator[BaseModel]:
-        sent = ""
-        raw = ""
+        """`transcript.text.delta` events as text becomes final (live text, then what each finished segment adds to
+        it), `transcript.text.segment` cues for srt/vtt, then `transcript.text.done`."""
+        text = SentText(progress.request_id)
         cues = request.response_format in ("srt", "vtt")
         try:
-            async for segment in segments:
-                raw += segment.text
-                full = raw.strip()
-                if len(full) > len(sent):
-                    yield TranscriptTextDelta(delta=full[len(sent) :])
-                    sent = full
-                if cues:
+            async for item in segments:
+                delta = text.add_live(item) if isinstance(item, str) else text.add_segment(item.text)
+                if delta:
+                    yield TranscriptTextDelta(delta=delta)
+                if cues and isinstance(item, TranscriptionSegment):
                     yield TranscriptTextSegment(
-                        id=f"seg_{segment.id}", start=segment.start, end=segment.end, text=segment.text.strip()
+                        id=f"seg_{item.id}", start=item.start, end=item.end, text=item.text.strip()
                     )
             transcript = progress.transcript
             yield TranscriptTextDone(text=transcript.text, usage=transcript.usage)
