@@ -12,6 +12,7 @@ from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
+from transformers_openai.serving.messages.handler import MessagesHandler
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.completions import CompletionHandler
@@ -34,6 +35,7 @@ class Handlers:
     tokenize: TokenizeHandler  # every model kind has a tokenizer
     text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
     embedder: EmbeddingHandler | None = None
+    text_messages: MessagesHandler | None = None  # Anthropic's /v1/messages, through the chat handler
 
     @property
     def chat(self) -> ChatHandler:
@@ -48,6 +50,12 @@ class Handlers:
         self._text()  # a speech model: the same 400 as chat
         assert self.text_responses is not None  # built whenever `text` is
         return self.text_responses
+
+    @property
+    def messages(self) -> MessagesHandler:
+        self._text()  # a speech model: the same 400 as chat
+        assert self.text_messages is not None  # built whenever `text` is
+        return self.text_messages
 
     @property
     def embeddings(self) -> EmbeddingHandler:
@@ -100,7 +108,16 @@ class Handlers:
         store = ResponseStore(context.max_stored_responses, context.max_stored_response_bytes)
         responses = ResponsesHandler(text[0], store) if text is not None else None
         embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
-        return cls(context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder)
+        messages = MessagesHandler(text[0]) if text is not None else None
+        return cls(
+            context.model_name,
+            text,
+            speech,
+            tokenize,
+            text_responses=responses,
+            embedder=embedder,
+            text_messages=messages,
+        )
 
 
 class AppState:
