@@ -121,7 +121,7 @@ async def test_a_message_runs_through_the_chat_path(
     assert (await client.post(MESSAGES, json=body(messages=history))).status_code == 200
     assert prompt_text(fake, hf_tokenizer).rstrip().endswith("The answer is")
     # without a reasoning format, thinking changes nothing
-    thinking = await client.post(MESSAGES, json=body(thinking={"type": "enabled", "budget_tokens": 2000}))
+    thinking = await client.post(MESSAGES, json=body(thinking={"type": "enabled", "budget_tokens": 20}))
     assert [block["type"] for block in thinking.json()["content"]] == ["text"]
 
 
@@ -263,7 +263,7 @@ async def test_thinking_comes_back_as_thinking_blocks(fake: FakeEngine, hf_token
     fake.script = Script(pieces=THOUGHT_PIECES)
     context = _context(fake, copy.deepcopy(hf_tokenizer))
     async with running(make_app(fake, hf_tokenizer, loader=lambda: context)) as ready:
-        thinking = {"type": "enabled", "budget_tokens": 1024}
+        thinking = {"type": "enabled", "budget_tokens": 16}
         whole = Message.model_validate((await ready.post(MESSAGES, json=body(thinking=thinking))).json())
         sent = events(await ready.post(MESSAGES, json=body(thinking=thinking, stream=True)))
         hidden = Message.model_validate((await ready.post(MESSAGES, json=body(thinking={"type": "disabled"}))).json())

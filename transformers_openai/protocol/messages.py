@@ -184,6 +184,7 @@ class CountTokensRequest(Strict):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    cache_control: dict[Text, Any] | None = None  # prompt caching: accepted, changes nothing
 
     def system_text(self) -> str | None:
         if self.system is None or isinstance(self.system, str):
@@ -211,6 +212,13 @@ class MessagesRequest(CountTokensRequest):
             raise ValueError("stop_sequences must not be empty strings")
         if sum(len(stop) for stop in stops) > MAX_STOP_CHARS:
             raise ValueError(f"the stop sequences may hold at most {MAX_STOP_CHARS} characters in all")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_under_max_tokens(self) -> MessagesRequest:
+        budget = self.thinking.budget_tokens if self.thinking is not None else None
+        if budget is not None and budget >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens (the thought counts against it)")
         return self
 
 
