@@ -159,6 +159,12 @@ async def test_stop_reasons_map_and_tool_uses_stream_as_blocks(
     assert {index: json.loads(text) for index, text in pieces.items()} == {1: {"city": "Paris"}, 2: {}}
     stops = [event["index"] for event in sent if event["type"] == "content_block_stop"]
     assert stops == [0, 1, 2]
+    # chat names the stop string as vLLM's stop_reason, and has no such key when none ended the answer
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "stop": ["END"]}
+    fake.script = Script(pieces=["a"], stop_string="END")
+    assert (await tool_client.post(CHAT, json=chat)).json()["choices"][0]["stop_reason"] == "END"
+    fake.script = Script()
+    assert "stop_reason" not in (await tool_client.post(CHAT, json=chat)).json()["choices"][0]
 
 
 async def test_a_streamed_message_sends_anthropics_event_sequence(client: httpx.AsyncClient, fake: FakeEngine) -> None:

@@ -56,6 +56,11 @@ def test_a_message_streamed_or_not_says_what_chat_says(smollm2_server: ServerPro
     assert chat.usage is not None and message.usage.input_tokens == chat.usage.prompt_tokens
     counted = client.messages.count_tokens(model="test-model", system=SYSTEM, messages=user)
     assert counted.input_tokens == chat.usage.prompt_tokens
+    # a stop sequence from the middle of that text ends the same answer there, and is named
+    stop = text[len(text) // 2 :][:3]
+    cut = client.messages.create(**request, stop_sequences=[stop])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert "".join(block.text for block in cut.content if block.type == "text") == text[: text.index(stop)]
     assert smollm2_server.engine_state()["rows_in_use"] == 0
 
 
