@@ -91,7 +91,7 @@ def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> 
     return str(error["error"]["message"])
 
 
-async def test_a_message_runs_through_the_chat_path(
+async def test_a_message_runs_through_the_chat_path_streamed_or_not(
     client: httpx.AsyncClient, fake: FakeEngine, hf_tokenizer: Any
 ) -> None:
     request = body(
@@ -123,6 +123,23 @@ async def test_a_message_runs_through_the_chat_path(
     # without a reasoning format, thinking changes nothing
     thinking = await client.post(MESSAGES, json=body(thinking={"type": "enabled", "budget_tokens": 20}))
     assert [block["type"] for block in thinking.json()["content"]] == ["text"]
+    # streamed: Anthropic's events, each named by its type
+    sent = events(await client.post(MESSAGES, json=body(stream=True)))
+    kinds = [event["type"] for event in sent]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 3,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = sent[0]["message"]
+    assert start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] == len(fake.submitted[-1].prompt_token_ids)
+    assert sent[1]["content_block"] == {"type": "text", "text": "", "citations": None} and sent[1]["index"] == 0
+    assert "".join(event["delta"]["text"] for event in sent[2:5]) == "Hello, world"
+    assert sent[-2]["usage"]["output_tokens"] == 3
 
 
 STOP_CASES = [
@@ -165,25 +182,6 @@ async def test_stop_reasons_map_and_tool_uses_stream_as_blocks(
     assert (await tool_client.post(CHAT, json=chat)).json()["choices"][0]["stop_reason"] == "END"
     fake.script = Script()
     assert "stop_reason" not in (await tool_client.post(CHAT, json=chat)).json()["choices"][0]
-
-
-async def test_a_streamed_message_sends_anthropics_event_sequence(client: httpx.AsyncClient, fake: FakeEngine) -> None:
-    sent = events(await client.post(MESSAGES, json=body(stream=True)))
-    kinds = [event["type"] for event in sent]
-    assert kinds == [
-        "message_start",
-        "content_block_start",
-        *["content_block_delta"] * 3,
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
-    start = sent[0]["message"]
-    assert start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None
-    assert start["usage"]["input_tokens"] == len(fake.submitted[-1].prompt_token_ids)
-    assert sent[1]["content_block"] == {"type": "text", "text": "", "citations": None} and sent[1]["index"] == 0
-    assert "".join(event["delta"]["text"] for event in sent[2:5]) == "Hello, world"
-    assert sent[-2]["usage"]["output_tokens"] == 3
 
 
 CHOICES = [
@@ -307,7 +305,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-async def test_bad_requests_get_anthropics_400(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+async def test_errors_on_the_messages_routes_have_anthropics_shape(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     for name, request, needle in BAD_REQUESTS:
         response = await client.post(MESSAGES, json=request)
         try:
@@ -315,9 +313,7 @@ async def test_bad_requests_get_anthropics_400(client: httpx.AsyncClient, fake: 
         except AssertionError as exc:
             raise AssertionError(f"{name}: {exc}") from None
     assert fake.submitted == []
-
-
-async def test_errors_on_the_messages_routes_have_anthropics_shape(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    # the other failures, in the same shape
     assert_anthropic_error(await client.post(MESSAGES, json=body(model="claude-x")), 404, "not_found_error")
     count = await client.post("/messages/count_tokens", json={"model": "claude-x", "messages": []})
     assert_anthropic_error(count, 400, "invalid_request_error")
