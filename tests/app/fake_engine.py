@@ -19,12 +19,14 @@ class Script:
     `pieces` are streamed one output each (cut to the request's max_tokens, then finish "length").
     `hang`: after the pieces, never finish; the stream waits until it is cancelled or the engine stops.
     `error_after`: after that many pieces, end with FinishReason.ERROR.
+    `stop_string`: the stop string the last output reports (as the engine does when one ended the text).
     """
 
     pieces: list[str] = field(default_factory=lambda: ["Hello", ",", " world"])
     finish_reason: FinishReason = FinishReason.STOP
     hang: bool = False
     error_after: int | None = None
+    stop_string: str | None = None  # the stop string the last output says ended it (finish_reason STOP)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class FakeEngine:
                 k + 1,
                 logprobs=_logprobs(token_id, request.params.logprobs),
                 finish_reason=final if last else None,
+                stop_string=script.stop_string if last and final is FinishReason.STOP else None,
             )
         if not pieces and not script.hang:
             self.in_flight.discard(rid)

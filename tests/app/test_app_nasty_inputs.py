@@ -13,6 +13,7 @@ from tests.app.fake_engine import FakeEngine
 from tests.app.support import CHAT, COMPLETIONS, ERROR_KEYS, MODEL, make_app, running
 
 RESPONSES = "/v1/responses"
+MESSAGES_ROUTE = "/v1/messages"
 
 SURROGATE = "\ud800"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -199,6 +200,78 @@ NEW_FIELD_CASES: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
+def message(**fields: Any) -> dict[str, Any]:
+    """An Anthropic Messages request."""
+    return {"model": MODEL, "max_tokens": 8, "messages": MESSAGES, **fields}
+
+
+def user_blocks(*blocks: Any) -> dict[str, Any]:
+    return message(messages=[{"role": "user", "content": list(blocks)}])
+
+
+def image_block(**source: Any) -> dict[str, Any]:
+    return {"type": "image", "source": source}
+
+
+def after_tool_use(result: Any, **call: Any) -> dict[str, Any]:
+    """A tool use by the assistant, then `result` in the user's turn."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}, **call}
+    return message(messages=[*MESSAGES, {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}])
+
+
+TOOL_RESULT = {"type": "tool_result", "tool_use_id": "toolu_1"}
+# /v1/messages: each gets a 400 in Anthropic's shape, nothing reaches the engine.
+MESSAGES_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("surrogate content", message(messages=[{"role": "user", "content": SURROGATE}])),
+    ("surrogate text block", user_blocks({"type": "text", "text": SURROGATE})),
+    ("surrogate system", message(system=SURROGATE)),
+    ("surrogate system block", message(system=[{"type": "text", "text": SURROGATE}])),
+    ("surrogate stop sequence", message(stop_sequences=[SURROGATE])),
+    ("surrogate model", message(model=SURROGATE)),
+    ("surrogate user id", message(metadata={"user_id": SURROGATE})),
+    ("surrogate tool name", message(tools=[{"name": SURROGATE, "input_schema": {}}])),
+    ("surrogate tool result", after_tool_use({**TOOL_RESULT, "content": SURROGATE})),
+    ("surrogate tool input key", after_tool_use({**TOOL_RESULT, "content": "ok"}, input={SURROGATE: 1})),
+    ("max_tokens string", message(max_tokens="4")),
+    ("max_tokens float", message(max_tokens=4.0)),
+    ("max_tokens bool", message(max_tokens=True)),
+    ("max_tokens 2**64", message(max_tokens=2**64)),
+    ("stream string", message(stream="yes")),
+    ("temperature string", message(temperature="0.5")),
+    ("temperature NaN", message(temperature=float("nan"))),
+    ("top_p Infinity", message(top_p=float("inf"))),
+    ("top_k float", message(top_k=5.0)),
+    ("top_k 2**63", message(top_k=2**63)),
+    ("top_k beyond vocabulary", message(top_k=10**7)),
+    ("stop count", message(stop_sequences=[str(i) for i in range(65)])),
+    ("stop length", message(stop_sequences=["x" * 9000, "y" * 9000])),
+    ("messages a string", message(messages="hi")),
+    ("content a number", message(messages=[{"role": "user", "content": 5}])),
+    ("role tool", message(messages=[{"role": "tool", "content": "hi"}])),
+    ("block without type", user_blocks({"text": "hi"})),
+    ("system block an image", message(system=[image_block(type="url", url="http://x/y.png")])),
+    ("image on a text model", user_blocks(image_block(type="base64", media_type="image/png", data="AAAA"))),
+    ("image data not base64", user_blocks(image_block(type="base64", media_type="image/png", data="@@@"))),
+    ("image url javascript", user_blocks(image_block(type="url", url="javascript:alert(1)"))),
+    ("image source unknown", user_blocks(image_block(type="file", file_id="f"))),
+    ("tool result image", after_tool_use({**TOOL_RESULT, "content": [image_block(type="url", url="http://x")]})),
+    ("tool result no id", after_tool_use({"type": "tool_result", "content": "ok"})),
+    ("tool input a list", after_tool_use({**TOOL_RESULT, "content": "ok"}, input=[1])),
+    ("tool_choice unknown", message(tool_choice={"type": "sometimes"})),
+    ("tool_choice a string", message(tool_choice="auto")),
+    ("tool_choice any without tools", message(tool_choice={"type": "any"})),
+    ("tool schema a list", message(tools=[{"name": "f", "input_schema": [1]}])),
+    ("duplicate tool names", message(tools=[{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}])),
+    ("thinking a string", message(thinking="on")),
+    ("thinking budget a string", message(thinking={"type": "enabled", "budget_tokens": "2000"})),
+    ("thinking budget huge", message(thinking={"type": "enabled", "budget_tokens": 2**70})),
+    ("output format a string", message(output_config={"format": "json"})),
+    ("output effort unknown", message(output_config={"effort": "ultra"})),
+    ("metadata extra key", message(metadata={"user": "x"})),
+    ("service tier unknown", message(service_tier="priority")),
+]
+
+
 def assert_our_400(response: httpx.Response, param: str | None) -> dict[str, Any]:
     assert response.status_code == 400, response.text
     body = response.json()
@@ -229,6 +302,39 @@ async def test_nasty_reasoning_and_image_fields_get_our_400(client: httpx.AsyncC
             assert_our_400(response, param)
         except AssertionError as exc:
             raise AssertionError(f"{name}: {exc}") from None
+    assert fake.submitted == []
+
+
+def assert_anthropic_400(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["type"] == "invalid_request_error"
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return dict(body["error"])
+
+
+def deep_tool_input() -> bytes:
+    """A tool use whose input is nested thousands deep."""
+    body = json.dumps(after_tool_use({**TOOL_RESULT, "content": "ok"}))
+    return body.replace('"input": {}', f'"input": {{"a": {nested(DEEP)}}}').encode()
+
+
+async def test_nasty_messages_get_anthropics_400(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+    """Each case on /v1/messages, and on count_tokens (without max_tokens) where it is not a generation field's."""
+    cases = [
+        (name, json.dumps(body).encode(), json.dumps({k: v for k, v in body.items() if k != "max_tokens"}).encode())
+        for name, body in MESSAGES_CASES
+    ]
+    for name, raw, counted in [*cases, ("nested tool input", deep_tool_input(), deep_tool_input())]:
+        for path, content in ((MESSAGES_ROUTE, raw), (MESSAGES_ROUTE + "/count_tokens", counted)):
+            response = await client.post(path, content=content, headers={"content-type": "application/json"})
+            if path.endswith("count_tokens") and response.status_code == 200:
+                continue  # a generation field's case: count_tokens does not take it
+            try:
+                assert_anthropic_400(response)
+            except AssertionError as exc:
+                raise AssertionError(f"{name} ({path}): {exc}") from None
     assert fake.submitted == []
 
 

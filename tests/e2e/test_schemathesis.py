@@ -137,6 +137,14 @@ KNOWN_GOOD: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "completions": ("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "n": 2, "logprobs": 1}),
     "responses": ("/v1/responses", {"input": "Hi", "max_output_tokens": 4}),
+    "anthropic messages": (
+        "/v1/messages",
+        {
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_tokens": 4,
+        },
+    ),
     "responses, reasoning": (
         "/v1/responses",
         {

@@ -229,3 +229,21 @@ def test_matchers_with_the_same_stops_share_one_automaton_and_keep_their_own_sta
     assert second.push("y</b") == "y"
     assert first.push("a>z") == "" and first.stopped
     assert not second.stopped and second.push("!") == "</b!"
+
+
+@pytest.mark.parametrize(
+    ("stops", "deltas", "matched"),
+    [
+        (["STOP"], ["Hello STOP world"], "STOP"),
+        (["</end>", "x"], list("one two</end>three"), "</end>"),
+        (["b", "ab"], ["a", "b"], "ab"),  # the one that starts earlier wins, and is the one named
+        (["END", "ND!"], ["E", "N", "D"], "END"),  # completed in the held-back tail, found at the flush
+        (["zz"], ["no stop here"], None),
+    ],
+)
+def test_the_stop_string_that_matched_is_named(stops: list[str], deltas: list[str], matched: str | None) -> None:
+    matcher = StopMatcher(stops)
+    for delta in deltas:
+        matcher.push(delta)
+    matcher.flush()
+    assert matcher.matched == matched and matcher.stopped is (matched is not None)

@@ -13,6 +13,7 @@ from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.inflight import ByteBudget
+from transformers_openai.api.messages_routes import build_messages_router
 from transformers_openai.api.middleware import (
     AllowedHosts,
     ApiKeyAuth,
@@ -66,12 +67,14 @@ def create_app(
     responses = build_responses_router()
     embeddings = build_embedding_router()
     scores = build_score_router()
+    messages = build_messages_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
         app.include_router(responses, prefix=prefix)
         app.include_router(embeddings, prefix=prefix)
         app.include_router(scores, prefix=prefix)
+        app.include_router(messages, prefix=prefix)
     app.include_router(build_cohere_v2_router())
     app.include_router(build_ops_router())
     # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;

@@ -168,7 +168,7 @@ class _Intake:
 
 
 async def _reject(scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
-    response = error_response(error)
+    response = error_response(error, scope["path"])
     if error.status_code == 503:
         response.headers["retry-after"] = str(RETRY_AFTER_S)
     await response(scope, receive, send)

@@ -1,4 +1,5 @@
-"""Turns every failure into OpenAI's error shape with the right status (FastAPI's 422 becomes 400)."""
+"""Turns every failure into OpenAI's error shape with the right status (FastAPI's 422 becomes 400); on the Anthropic
+Messages routes, into Anthropic's shape."""
 
 from __future__ import annotations
 
@@ -21,8 +22,14 @@ from transformers_openai.serving.errors import (
 logger = logging.getLogger(__name__)
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body().model_dump(), status_code=error.status_code, headers=error.headers())
+# The routes that answer in Anthropic's error shape, with and without /v1.
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/messages", "/v1/messages/count_tokens", "/messages/count_tokens"})
+
+
+def error_response(error: OpenAIError, path: str = "") -> JSONResponse:
+    """The error as the route at `path` speaks: Anthropic's shape on the Messages routes, OpenAI's elsewhere."""
+    body = error.anthropic_body() if path in ANTHROPIC_PATHS else error.body()
+    return JSONResponse(body.model_dump(), status_code=error.status_code, headers=error.headers())
 
 
 def validation_error(exc: RequestValidationError) -> BadRequestError:
@@ -88,17 +95,18 @@ def install_error_handlers(app: FastAPI) -> None:
         error = to_openai_error(exc)
         if error.status_code == 429:
             request.app.state.metrics.on_rejected()
-        return error_response(error)
+        return error_response(error, request.url.path)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(validation_error(exc))
+        return error_response(validation_error(exc), request.url.path)
 
-    async def on_too_deep(_: Request, __: Exception) -> JSONResponse:
+    async def on_too_deep(request: Request, __: Exception) -> JSONResponse:
         # JSON nested thousands deep (tool-call arguments, a schema) outruns Python's recursion limit wherever it is
         # decoded, validated or walked: the client's input, never the server's fault.
         logger.info("request refused: its input is nested too deeply")
-        return error_response(BadRequestError("the request is nested too deeply", code="nested_too_deeply"))
+        error = BadRequestError("the request is nested too deeply", code="nested_too_deeply")
+        return error_response(error, request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -109,15 +117,15 @@ def install_error_handlers(app: FastAPI) -> None:
         error = OpenAIError(str(exc.detail), code=_HTTP_ERROR_CODES.get(exc.status_code))
         error.status_code = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        response = error_response(error)
+        response = error_response(error, request.url.path)
         response.headers.update(exc.headers or {})  # e.g. Allow on a 405
         if "allow" in response.headers:
             response.headers["allow"] = _with_head(response.headers["allow"])
         return response
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_response(to_openai_error(exc))
+        return error_response(to_openai_error(exc), request.url.path)
 
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(EngineError, on_openai_error)

@@ -46,7 +46,7 @@ class AllowedHosts:
             await self.app(scope, receive, send)
             return
         error = BadRequestError("the Host header names a host this server does not answer for", code="invalid_host")
-        await error_response(error)(scope, receive, send)
+        await error_response(error, scope["path"])(scope, receive, send)
 
     def accepts(self, host: str) -> bool:
         if host in self._hosts or host.endswith(self._suffixes):
@@ -116,7 +116,8 @@ class RequestIdMiddleware:
 
 
 class ApiKeyAuth:
-    """Requires `Authorization: Bearer <key>` with one of the configured keys, compared in constant time."""
+    """Requires `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) with one of the configured keys,
+    compared in constant time."""
 
     def __init__(self, app: ASGIApp, keys: list[str], open_paths: Callable[[str], bool]) -> None:
         self.app = app
@@ -127,19 +128,30 @@ class ApiKeyAuth:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or self._open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        header = dict(scope.get("headers", ())).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        # Compare against every key so the time taken does not tell which key was close.
-        matched = False
-        for key in self._keys:
-            matched |= hmac.compare_digest(token.strip(), key)
-        if scheme.lower() != b"bearer" or not matched:
+        if not self._matches(presented_key(scope)):
             error = AuthenticationError("invalid or missing API key; send 'Authorization: Bearer <key>'")
-            response = error_response(error)
+            response = error_response(error, scope["path"])
             response.headers["www-authenticate"] = "Bearer"
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _matches(self, token: bytes | None) -> bool:
+        # Compare against every key so the time taken does not tell which key was close.
+        matched = False
+        for key in self._keys:
+            matched |= hmac.compare_digest(token or b"", key)
+        return token is not None and matched
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """The key a request presents: its `Authorization: Bearer` token, else its `x-api-key` (Anthropic's header)."""
+    headers: dict[bytes, bytes] = dict(scope.get("headers", ()))
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() == b"bearer":
+        return token.strip()
+    key = headers.get(b"x-api-key")
+    return None if key is None else key.strip()
 
 
 class Cors(CORSMiddleware):

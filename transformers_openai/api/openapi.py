@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from transformers_openai.protocol import ErrorResponse
 
@@ -20,9 +21,9 @@ _ERROR_DESCRIPTIONS = {
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` of a route: each status with OpenAI's error body."""
-    return {status: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+def error_responses(*statuses: int, body: type[BaseModel] = ErrorResponse) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each status with its error body (OpenAI's unless `body` says)."""
+    return {status: {"model": body, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from transformers_openai.api.middleware import presented_key
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import SSE_EVENT, json_body, respond
 from transformers_openai.api.state import AppState
@@ -35,8 +36,7 @@ def _owner(request: Request) -> str | None:
     None on a server that takes no keys."""
     if not request.app.state.settings.api_keys:
         return None
-    token = request.headers.get("authorization", "").partition(" ")[2]
-    return owner_of_key(token.strip())
+    return owner_of_key((presented_key(request.scope) or b"").decode("latin-1"))
 
 
 async def _limits(request: Request) -> None:

@@ -13,6 +13,7 @@ from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
 from transformers_openai.serving.scoring.handler import ScoreHandler
+from transformers_openai.serving.messages.handler import MessagesHandler
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.completions import CompletionHandler
@@ -36,6 +37,7 @@ class Handlers:
     text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
     embedder: EmbeddingHandler | None = None
     scorer: ScoreHandler | None = None  # /v1/rerank and /v1/score: cross-encoders and embedding models
+    text_messages: MessagesHandler | None = None  # Anthropic's /v1/messages, through the chat handler
 
     @property
     def chat(self) -> ChatHandler:
@@ -50,6 +52,12 @@ class Handlers:
         self._text()  # a speech model: the same 400 as chat
         assert self.text_responses is not None  # built whenever `text` is
         return self.text_responses
+
+    @property
+    def messages(self) -> MessagesHandler:
+        self._text()  # a speech model: the same 400 as chat
+        assert self.text_messages is not None  # built whenever `text` is
+        return self.text_messages
 
     @property
     def embeddings(self) -> EmbeddingHandler:
@@ -132,8 +140,16 @@ class Handlers:
         responses = ResponsesHandler(text[0], store) if text is not None else None
         embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
         scorer = ScoreHandler(context) if Capability.SCORES in context.capabilities else None
+        messages = MessagesHandler(text[0]) if text is not None else None
         return cls(
-            context.model_name, text, speech, tokenize, text_responses=responses, embedder=embedder, scorer=scorer
+            context.model_name,
+            text,
+            speech,
+            tokenize,
+            text_responses=responses,
+            embedder=embedder,
+            scorer=scorer,
+            text_messages=messages,
         )
 
 

@@ -105,6 +105,7 @@ class RequestOutput:
     info: Mapping[str, float] | None = None  # what the runner learned at prefill (e.g. no_speech_prob), once
     # With `prompt_logprobs`: one entry per prompt token, None for the first (nothing predicts it), once.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    stop_string: str | None = None  # the stop string that ended it (finish_reason STOP), cut from the text
 
     @property
     def finished(self) -> bool:

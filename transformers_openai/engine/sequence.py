@@ -127,6 +127,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             info=(self.prefill.info or None) if len(self.output_ids) == 1 else None,
             prompt_logprobs=self._prompt_logprobs() if len(self.output_ids) == 1 else None,
+            stop_string=self._stop.matched,
         )
 
     def prompt_only_output(self) -> RequestOutput:

@@ -43,9 +43,11 @@ class StopMatcher:
         self._read = 0
         self._emitted = 0
         self._cut = -1
+        self._cut_len = 0  # the length of the stop string that starts at `_cut`
         self._held: deque[str] = deque()  # the text read and not emitted, the first piece from `_offset` on
         self._offset = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once `stopped`
 
     def push(self, delta: str) -> str:
         """Returns the text that is safe to emit; sets `stopped` when a stop string appeared."""
@@ -61,6 +63,7 @@ class StopMatcher:
             read += 1
             if match[state] and (cut < 0 or read - match[state] < cut):
                 cut = read - match[state]
+                self._cut_len = match[state]
             # A stop string yet to complete starts within the held-back tail or later: past `cut`, `cut` is final.
             if 0 <= cut <= read - depth[state]:
                 return self._stop(delta, cut)
@@ -82,6 +85,7 @@ class StopMatcher:
         self.stopped = True
         self._held.append(delta)
         out = self._take(cut - self._emitted)
+        self.matched = self._take(self._cut_len)
         self._held.clear()
         return out
 

@@ -625,6 +625,8 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    # vLLM's extension: the stop string that ended the answer; absent when none did.
+    stop_reason: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -652,6 +654,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ChatCompletionChunk(BaseModel):

@@ -59,6 +59,7 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # when the prompt was scored
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop string that ended it
     completion_tokens: int = 0
     tool_parser: ToolCallParser | None = None  # a stream's tool calls, read as they come
     # Where the model's thought is told from its answer: the splitter, the two parts so far, the last output's.
@@ -341,6 +342,7 @@ class GenerationHandler(Generic[RequestT]):
         choice.completion_tokens = output.completion_tokens
         if output.finish_reason is not None:
             choice.finish_reason = output.finish_reason.value
+            choice.stop_string = output.stop_string
         choice.split(output)
 
     @staticmethod

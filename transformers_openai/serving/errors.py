@@ -10,6 +10,19 @@ from transformers_openai.engine.errors import (
     TooManySequences,
 )
 from transformers_openai.protocol import ErrorBody, ErrorResponse
+from transformers_openai.protocol.messages import AnthropicErrorBody, AnthropicErrorResponse
+
+# Anthropic's error types by status, for the Messages routes (its API answers 529 where this server says 503).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 class OpenAIError(Exception):
@@ -30,6 +43,13 @@ class OpenAIError(Exception):
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(error=ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code))
+
+    def anthropic_body(self) -> AnthropicErrorResponse:
+        """The same error in Anthropic's shape (the Messages routes')."""
+        kind = _ANTHROPIC_TYPES.get(
+            self.status_code, "api_error" if self.status_code >= 500 else "invalid_request_error"
+        )
+        return AnthropicErrorResponse(error=AnthropicErrorBody(type=kind, message=self.message))
 
     def headers(self) -> dict[str, str]:
         return {}

@@ -134,7 +134,13 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
             message.content, message.tool_calls = parsed.content, tool_calls(parsed)
             finish_reason = _with_calls(finish_reason, bool(parsed.calls))
         logprobs = self._logprobs(request, choice.logprobs)
-        return ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=finish_reason)
+        return ChatChoice(
+            index=choice.index,
+            message=message,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_reason=choice.stop_string if finish_reason == "stop" else None,
+        )
 
     def _prompt_logprobs(self, request: ChatCompletionRequest, choices: list[Choice]) -> PromptLogprobs | None:
         scored = choices[0].prompt_logprobs if choices else None
@@ -189,6 +195,7 @@ class ChatHandler(GenerationHandler[ChatCompletionRequest]):
                     ),
                     logprobs=self._logprobs(request, output.logprobs or []),
                     finish_reason=finish_reason,
+                    stop_reason=output.stop_string if finish_reason == "stop" else None,
                 )
             ],
             usage=usage,
