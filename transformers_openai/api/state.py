@@ -12,8 +12,8 @@ from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.embeddings import EmbeddingHandler
 from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
-from transformers_openai.serving.scoring.handler import ScoreHandler
 from transformers_openai.serving.messages.handler import MessagesHandler
+from transformers_openai.serving.scoring.handler import ScoreHandler
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
 from transformers_openai.serving.text.chat import ChatHandler
 from transformers_openai.serving.text.completions import CompletionHandler
