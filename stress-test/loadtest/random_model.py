@@ -8,6 +8,10 @@ Presets:
     same      the `--like` model's own shape (e.g. SmolLM2-135M)
     llama-1b  Llama 3.2 1B's layer shape (hidden 2048, 16 layers, 32 query / 8 K/V heads, MLP 8192) over the
               `--like` tokenizer's vocabulary
+    llama-8b  Llama 3.1 8B's shape (hidden 4096, 32 layers, 32 query / 8 K/V heads of 128, MLP 14336, untied output
+              layer, Llama 3's rope: theta 500,000, scaled 8x from 8,192 positions) over the `--like` tokenizer's
+              vocabulary (49,152 for SmolLM2's instead of Llama 3's 128,256: 7.4B parameters, 14.8 GB in bf16,
+              where the real model has 8.0B; the output layer reads 0.4 GB a step instead of 1.05 GB)
 
 Example:
     loadtest random-model --like .cache/models/smollm2-135m-instruct --preset llama-1b --out /tmp/l1b
@@ -18,6 +22,10 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 PRESETS: dict[str, dict[str, object]] = {
     "same": {},
@@ -30,6 +38,25 @@ PRESETS: dict[str, dict[str, object]] = {
         "head_dim": 64,
         "tie_word_embeddings": True,
     },
+    "llama-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
 }
 COPIED = (
     "tokenizer.json",
@@ -40,15 +67,24 @@ COPIED = (
 )
 
 
-def build(like: Path, preset: str, out: Path, seed: int = 0) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def preset_config(like: Path, preset: str) -> PretrainedConfig:
+    """The `--like` model's config resized to `preset` (no weights)."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(like)
     for key, value in PRESETS[preset].items():
         setattr(config, key, value)
+    return config
+
+
+def build(like: Path, preset: str, out: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = preset_config(like, preset)
     torch.manual_seed(seed)
-    # Drawn on the GPU where there is one: seconds for the 1B shape, where a CPU takes a minute and more.
+    # Drawn on the GPU where there is one, in bf16 from the start: seconds for the 1B shape and the 8B one (15 GB),
+    # where a CPU takes a minute and more for the 1B.
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)
