@@ -30,12 +30,13 @@ from transformers_openai.protocol.messages import (
 )
 from transformers_openai.serving.errors import OpenAIError
 from transformers_openai.serving.messages.answer import message_id, stop_reason_of, tool_use_id
+from transformers_openai.serving.text.chat_event_stream import ChatEventStream
 from transformers_openai.serving.text.tool_parser import new_call_id
 
 BlockKind = Literal["text", "thinking", "tool_use"]
 
 
-class MessageStream:
+class MessageStream(ChatEventStream[MessageEvent]):
     """The events of one streamed message; an async iterator the SSE helper sends as named events.
 
     It reads a chat stream that carries usage on every chunk: message_start, which names the input tokens, waits
@@ -43,8 +44,8 @@ class MessageStream:
     """
 
     def __init__(self, model: str, chunks: AsyncIterator[ChatCompletionChunk]) -> None:
+        super().__init__(chunks)
         self._model = model
-        self._chunks = chunks
         self._id = ""
         self._usage: Usage | None = None
         self._started = False
@@ -53,19 +54,6 @@ class MessageStream:
         self._finish_reason: str | None = None
         self._stop_string: str | None = None
         self._called = False
-        self._events: AsyncGenerator[MessageEvent] = self._generate()
-
-    def __aiter__(self) -> MessageStream:
-        return self
-
-    async def __anext__(self) -> MessageEvent:
-        return await self._events.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._events.aclose()
-        finally:  # also when no event was asked for yet: the chat stream aborts what is unfinished
-            await self._chunks.aclose()  # type: ignore[attr-defined]
 
     def error_event(self, error: OpenAIError) -> AnthropicErrorResponse:
         """The event that reports a failure after the stream began."""

@@ -33,9 +33,10 @@ from transformers_openai.protocol.responses import (
     ResponseUsage,
 )
 from transformers_openai.serving.errors import OpenAIError
+from transformers_openai.serving.text.chat_event_stream import ChatEventStream
 
 
-class ResponseStream:
+class ResponseStream(ChatEventStream[ResponseEvent]):
     """The events of one streamed response; an async iterator the SSE helper sends as named events.
 
     `on_finished` gets the finished response (to be stored) before the last event is sent.
@@ -47,8 +48,8 @@ class ResponseStream:
         chunks: AsyncIterator[ChatCompletionChunk],
         on_finished: Callable[[ResponseObject], None],
     ) -> None:
+        super().__init__(chunks)
         self._skeleton = skeleton
-        self._chunks = chunks
         self._on_finished = on_finished
         self._sequence = 0
         self._output: list[OutputItem] = []
@@ -57,19 +58,6 @@ class ResponseStream:
         self._call: OutputFunctionCall | None = None  # the open function call item
         self._cut = False
         self._usage: ResponseUsage | None = None
-        self._events: AsyncGenerator[ResponseEvent] = self._generate()
-
-    def __aiter__(self) -> ResponseStream:
-        return self
-
-    async def __anext__(self) -> ResponseEvent:
-        return await self._events.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._events.aclose()
-        finally:  # also when no event was asked for yet: the chat stream aborts what is unfinished
-            await self._chunks.aclose()  # type: ignore[attr-defined]
 
     def error_event(self, error: OpenAIError) -> ResponseEvent:
         """The event that reports a failure after the stream began."""
