@@ -30,16 +30,14 @@ def batch(**fields: Any) -> dict[str, Any]:
     return {"input_file_id": "file-x", "endpoint": CHAT, "completion_window": "24h", **fields}
 
 
-PRIORITY_CASES = [
-    (path, body | {"priority": value})
-    for path, body in [
-        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
-        (COMPLETIONS, {"model": MODEL, "prompt": "hi"}),
-        ("/v1/embeddings", {"model": MODEL, "input": "hi"}),
-        ("/v1/responses", {"model": MODEL, "input": "hi"}),
-    ]
-    for value in (2**31, -(2**31) - 1, 10**30, "0", 0.5, True, None, [], {})
+GENERATION_BODIES: list[tuple[str, dict[str, Any]]] = [
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    (COMPLETIONS, {"model": MODEL, "prompt": "hi"}),
+    ("/v1/embeddings", {"model": MODEL, "input": "hi"}),
+    ("/v1/responses", {"model": MODEL, "input": "hi"}),
 ]
+BAD_PRIORITIES: list[Any] = [2**31, -(2**31) - 1, 10**30, "0", 0.5, True, None, [], {}]
+PRIORITY_CASES = [(path, {**body, "priority": value}) for path, body in GENERATION_BODIES for value in BAD_PRIORITIES]
 BATCH_BODIES = [
     batch(input_file_id=SURROGATE),
     batch(input_file_id=5),

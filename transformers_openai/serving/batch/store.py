@@ -116,12 +116,16 @@ class BatchStore:
             db.execute("INSERT INTO files (id, owner, body) VALUES (?, ?, ?)", (file.id, owner, file.model_dump_json()))
 
     def get_file(self, file_id: str, owner: str | None) -> FileObject | None:
+        if not self.exists:  # reading makes nothing on disk
+            return None
         with self._tx() as db:
             row = db.execute("SELECT body FROM files WHERE id = ? AND owner IS ?", (file_id, owner)).fetchone()
         return None if row is None else FileObject.model_validate_json(row[0])
 
     def list_files(self, owner: str | None, purpose: str | None, after: str | None, limit: int) -> list[FileObject]:
         """Newest first, after the file `after` (a cursor), at most `limit`."""
+        if not self.exists:  # reading makes nothing on disk
+            return []
         with self._tx() as db:
             rows = db.execute(
                 "SELECT body FROM files WHERE owner IS ? AND seq < COALESCE((SELECT seq FROM files WHERE id = ?), "
@@ -132,6 +136,8 @@ class BatchStore:
             return list(islice((file for file in files if purpose in (None, file.purpose)), limit))
 
     def delete_file(self, file_id: str, owner: str | None) -> bool:
+        if not self.exists:  # reading makes nothing on disk
+            return False
         with self._tx() as db:
             deleted = db.execute("DELETE FROM files WHERE id = ? AND owner IS ?", (file_id, owner)).rowcount > 0
         if deleted:
@@ -147,6 +153,8 @@ class BatchStore:
             )
 
     def get_batch(self, batch_id: str, owner: str | None = None, any_owner: bool = False) -> Batch | None:
+        if not self.exists:  # reading makes nothing on disk
+            return None
         with self._tx() as db:
             query = "SELECT body, completed, failed FROM batches WHERE id = ?"
             args: tuple[str | None, ...] = (batch_id,)
@@ -156,6 +164,8 @@ class BatchStore:
         return None if row is None else _batch(row)
 
     def list_batches(self, owner: str | None, after: str | None, limit: int) -> list[Batch]:
+        if not self.exists:  # reading makes nothing on disk
+            return []
         with self._tx() as db:
             rows = db.execute(
                 "SELECT body, completed, failed FROM batches WHERE owner IS ? AND seq < COALESCE((SELECT seq FROM "
