@@ -182,3 +182,11 @@ def test_default_priority_keeps_fifo_and_continuations_first(make_prioritized) -
         scheduler.add(make_prioritized(name, 0))
     scheduler.add(make_prioritized("next", 0, continuation=True))
     assert list(scheduler.waiting) == ["next", "a", "b", "c"]
+
+
+def test_requests_starting_together_share_a_priority(make_prioritized) -> None:
+    scheduler = Scheduler(max_running=8, max_waiting=8)
+    for name, priority in [("b1", 9), ("b2", 9), ("i1", 0), ("i2", 0)]:
+        scheduler.add(make_prioritized(name, priority))
+    assert admit(scheduler) == ["i1", "i2"]  # the batch lines wait a step rather than lengthen this prefill
+    assert admit(scheduler) == ["b1", "b2"]

@@ -56,8 +56,8 @@ def build_batch_router() -> APIRouter:
 
     @router.get("/files/{file_id}/content", response_class=StreamingResponse, responses=_CONTENT)
     async def file_content(file_id: str, request: Request) -> StreamingResponse:
-        path = await _api(request).files.content(file_id, owner_of_request(request))
-        return StreamingResponse(read_chunks(path), media_type="application/octet-stream")  # read in a thread
+        source = await _api(request).files.content(file_id, owner_of_request(request))
+        return StreamingResponse(read_chunks(source), media_type="application/octet-stream")  # read in a thread
 
     @router.delete("/files/{file_id}", responses=_ERRORS)
     async def delete_file(file_id: str, request: Request) -> FileDeleted:

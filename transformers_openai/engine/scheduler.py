@@ -67,8 +67,10 @@ class Scheduler:
 
         Prefills already under way continue first; then waiting requests start while rows, budget and K/V memory
         remain (`reserve` sets aside a request's row and K/V memory, or says it does not fit: it then waits, and so
-        do the ones behind it). A request's declared overhead (an encoder pass) counts against the budget too: one whose
-        overhead does not fit waits for the next step, unless nothing else is planned (every step makes progress).
+        do the ones behind it). The requests starting in one step share a priority: a less urgent one waits a step
+        rather than lengthen an urgent one's prefill (its time to first token). A request's declared overhead (an
+        encoder pass) counts against the budget too: one whose overhead does not fit waits for the next step, unless
+        nothing else is planned (every step makes progress).
         """
         plan: list[tuple[Sequence, int]] = []
         budget = self.max_prefill_tokens
@@ -78,11 +80,15 @@ class Scheduler:
             take = min(seq.prefill.remaining, budget)
             plan.append((seq, take))
             budget -= take
+        first_priority: int | None = None
         while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
             head = next(iter(self.waiting.values()))
             overhead = head.prefill.overhead
             if plan and overhead >= budget:
                 break
+            if first_priority is not None and head.request.priority > first_priority:
+                break  # a less urgent request starts next step: the urgent one's prefill is not made longer
+            first_priority = head.request.priority
             if not reserve(head):
                 break
             _, seq = self.waiting.popitem(last=False)

@@ -6,7 +6,6 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 from transformers_openai.protocol.batches import FileDeleted, FileList, FileObject
@@ -84,10 +83,13 @@ class FileHandler:
             has_more=len(files) > limit,
         )
 
-    async def content(self, file_id: str, owner: str | None) -> Path:
-        """The path of the file's bytes (a route streams them)."""
+    async def content(self, file_id: str, owner: str | None) -> BinaryIO:
+        """The file's bytes, opened (a route streams them with `read_chunks`, which closes it)."""
         await self.get(file_id, owner)
-        return self.store.file_path(file_id)
+        try:
+            return await asyncio.to_thread(self.store.file_path(file_id).open, "rb")
+        except FileNotFoundError:  # deleted meanwhile
+            raise NotFoundError(f"no file with id '{file_id}'", param="file_id", code="file_not_found") from None
 
     async def delete(self, file_id: str, owner: str | None) -> FileDeleted:
         if not await asyncio.to_thread(self.store.delete_file, file_id, owner):
@@ -95,6 +97,7 @@ class FileHandler:
         return FileDeleted(id=file_id)
 
 
-def read_chunks(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as source:
+def read_chunks(source: BinaryIO) -> Iterator[bytes]:
+    """The bytes of an open file, a chunk at a time (Starlette iterates it in a worker thread), then closes it."""
+    with source:
         yield from iter(lambda: source.read(CHUNK_BYTES), b"")

@@ -190,11 +190,13 @@ class BatchStore:
         with self._tx() as db:
             return _update(db, batch, only_from)
 
-    def start_lines(self, batch: Batch, lines: list[NewLine]) -> None:
+    def start_lines(self, batch: Batch, lines: list[NewLine]) -> bool:
         """Records a validated input file's lines and moves the batch to in_progress, in one transaction; the error
-        lines count as failed at once."""
+        lines count as failed at once. False (nothing recorded) if the batch is no longer validating (cancelled)."""
         failed = sum(line.result is not None for line in lines)
         with self._tx() as db:
+            if not _update(db, batch, ("validating",)):
+                return False
             db.execute("DELETE FROM lines WHERE batch_id = ?", (batch.id,))  # a validation cut short before
             db.executemany(
                 "INSERT INTO lines (batch_id, idx, custom_id, request, done, is_error, result) "
@@ -213,7 +215,7 @@ class BatchStore:
                 ),
             )
             db.execute("UPDATE batches SET completed = 0, failed = ? WHERE id = ?", (failed, batch.id))
-            _update(db, batch, ("validating",))
+            return True
 
     def pending_lines(self, batch_id: str, after: int, limit: int) -> list[PendingLine]:
         """Lines not answered yet, past index `after`, in file order."""
