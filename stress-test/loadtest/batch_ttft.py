@@ -91,6 +91,20 @@ async def ttfts(
     return [t for times in per_client for t in times]
 
 
+async def wait_compiled(client: httpx.AsyncClient, root: str, timeout_s: float) -> bool:
+    """Waits until the server runs its compiled decode step (a CPU server swaps it in after start), so both phases
+    see the same step; False if it did not within `timeout_s` (or the server does not compile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = (await client.get(f"{root}/metrics")).text
+        if any(
+            line.split("{")[0].endswith("decode_step_compiled") and line.endswith(" 1.0") for line in text.splitlines()
+        ):
+            return True
+        await asyncio.sleep(1)
+    return False
+
+
 async def measure(args: argparse.Namespace, root_url: str) -> dict[str, Any]:
     root = root_url.rstrip("/")
     base = root + "/v1"
@@ -100,6 +114,7 @@ async def measure(args: argparse.Namespace, root_url: str) -> dict[str, Any]:
     samples: dict[int, dict[str, list[float]]] = {c: {"idle": [], "batch": []} for c in args.concurrency}
     answered = 0
     async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
+        compiled = await wait_compiled(client, root, args.wait_compiled_s)
         await ttfts(client, root, spec, 1, 2)  # warm-up
         for _ in range(args.rounds):
             for concurrency in args.concurrency:
@@ -122,6 +137,7 @@ async def measure(args: argparse.Namespace, root_url: str) -> dict[str, Any]:
         "batch_concurrency": args.batch_concurrency,
         "max_tokens": args.max_tokens,
         "batch_lines_answered_while_measuring": answered,
+        "decode_step_compiled": compiled,
         "levels": levels,
     }
 
@@ -139,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-concurrency", type=int, default=4, help="the server's flag (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="the server's torch threads")
     p.add_argument("--server-arg", action="append", default=[], help="another server flag (repeatable)")
+    p.add_argument(
+        "--wait-compiled-s", type=float, default=300, help="wait for the compiled decode step (default: %(default)s)"
+    )
     p.add_argument("--out", type=Path, help="also write the report as JSON here")
     return p.parse_args(argv)
 

@@ -4,7 +4,8 @@ error lines, whole-file failures, cancel, priorities, limits and errors."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 
 from tests.app.fake_engine import FakeEngine, Script
 from tests.app.support import ERROR_KEYS, MODEL, make_app, running, wait_until_async
+from transformers_openai.engine.errors import EngineOverloaded
+from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.protocol.common import BATCH_PRIORITY
 
 CHAT_URL = "/v1/chat/completions"
@@ -223,3 +226,32 @@ async def test_interactive_priority_reaches_the_engine(client: httpx.AsyncClient
     for bad in (2**31, "1", 1.5, None):
         response = await client.post(CHAT_URL, json={**body, "priority": bad})
         assert response.status_code == 400 and response.json()["error"]["param"] == "priority"
+
+
+class RefusingEngine(FakeEngine):
+    """Answers its first `refusals` submissions as an engine at capacity does (a 429), then as the fake."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    def submit(self, requests: Sequence[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
+        if self.refusals:
+            self.refusals -= 1
+            raise EngineOverloaded("server is at capacity; retry later", retry_after_s=1)
+        return super().submit(requests)
+
+
+async def test_lines_the_engine_cannot_take_now_are_retried_not_failed(
+    hf_tokenizer: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = RefusingEngine(refusals=2)
+    app = make_app(fake, hf_tokenizer, data_dir=tmp_path, batch_concurrency=2)
+    async with running(app) as client:
+        caplog.set_level(logging.INFO, logger="transformers_openai.serving.batch.runner")
+        batch = await run_batch(client, [chat_line(f"req-{i}") for i in range(4)])
+        assert batch["status"] == "completed"
+        assert batch["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+        output = await lines_of(client, batch["output_file_id"])
+        assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(4)]
+    assert caplog.text.count("waits: server is at capacity") == 2

@@ -131,13 +131,14 @@ class BatchRunner:
         queues = []
         for batch in batches:
             after = self._cursor.get(batch.id, -1)
-            queues.append((batch, await asyncio.to_thread(self.store.pending_lines, batch.id, after, free)))
+            lines = await asyncio.to_thread(self.store.pending_lines, batch.id, after, free + len(self._lines))
+            if not lines and after >= 0:  # nothing past the cursor: a line given back (to retry) lies before it
+                lines = await asyncio.to_thread(self.store.pending_lines, batch.id, -1, free + len(self._lines))
+            queues.append((batch, [line for line in lines if (line.batch_id, line.index) not in self._lines]))
         taken = _round_robin([lines for _, lines in queues])[:free]
         endpoints = {batch.id: batch.endpoint for batch in batches}
         for line in taken:
             key = (line.batch_id, line.index)
-            if key in self._lines:
-                continue
             self._cursor[line.batch_id] = max(self._cursor.get(line.batch_id, -1), line.index)
             stop = self._stops.setdefault(line.batch_id, asyncio.Event())
             self._lines[key] = asyncio.create_task(self._run(line, endpoints[line.batch_id], handlers, stop))
@@ -154,8 +155,8 @@ class BatchRunner:
             pass  # the batch was cancelled or expired: the line stays unanswered
         except Retry as exc:
             logger.info("batch line %s waits: %s", line.custom_id, exc)
-            self._cursor[line.batch_id] = min(self._cursor.get(line.batch_id, -1), line.index - 1)
             await asyncio.sleep(RETRY_S)
+            self._cursor[line.batch_id] = min(self._cursor.get(line.batch_id, -1), line.index - 1)
         finally:
             self._lines.pop((line.batch_id, line.index), None)
             self.wake()
