@@ -322,6 +322,26 @@ class Settings(BaseSettings):
         description="Bytes the stored responses of /v1/responses may take together (their JSON), least recently used "
         "dropped first.",
     )
+    data_dir: Path = Field(
+        default_factory=lambda: _user_cache() / "transformers-openai" / "data",
+        description="Where the Batch API keeps its files and batches (SQLite and the files' bytes), so a batch "
+        "survives a restart and resumes (default: under $XDG_CACHE_HOME, else ~/.cache); made on first use.",
+    )
+    batch_concurrency: int = Field(
+        4,
+        ge=1,
+        description="Batch API lines run at once (over all batches), each at a priority below every interactive "
+        "request.",
+    )
+    max_batch_file_bytes: int = Field(
+        200 * 1024 * 1024, ge=1024, description="Largest file accepted by POST /v1/files; larger ones get 413."
+    )
+    max_batch_lines: int = Field(
+        50_000, ge=1, description="Most lines (requests) one batch's input file may hold; more fail the batch."
+    )
+    max_batch_files: int = Field(
+        1000, ge=1, description="Most files stored at once (uploads and batch outputs); more uploads get 400."
+    )
     allowed_hosts: CommaList = Field(
         default_factory=list,
         description="Host header values accepted (others get 400), against DNS rebinding; '*' for any. Default: "

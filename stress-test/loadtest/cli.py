@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "embeddings": ("embeddings_bench", "embeddings/s: our server against sentence-transformers' encode"),
     "kv-memory": ("kv_memory", "peak memory of one long prompt among short ones (in process)"),
     "prefix-ttft": ("prefix_ttft", "time to first token over a cached prefix (in process)"),
+    "batch-ttft": ("batch_ttft", "interactive time to first token with a Batch API batch running, and without"),
     "step-breakdown": ("step_breakdown", "where an engine step's time goes"),
     "step-interference": ("step_interference", "what other work in the process costs a decode step"),
     "host-cost": ("host_cost", "host cost of a decode step: the engine's against eager transformers"),

@@ -25,6 +25,13 @@ def bert_tokenizer(minilm_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(minilm_dir)
 
 
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The Batch API's --data-dir of every app test: a temporary folder, never the user's cache."""
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "batch-data"))
+    return tmp_path / "batch-data"
+
+
 @pytest.fixture
 def fake() -> FakeEngine:
     return FakeEngine()

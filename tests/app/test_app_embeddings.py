@@ -35,7 +35,7 @@ class FakeEmbedder:
         self.inputs: list[list[int]] = []
         self.overloaded = False
 
-    async def embed(self, inputs: list[list[int]]) -> list[Any]:
+    async def embed(self, inputs: list[list[int]], priority: int = 0) -> list[Any]:
         if self.overloaded:
             raise EngineOverloaded("server is at capacity; retry later", retry_after_s=2)
         self.inputs.extend(inputs)

@@ -39,9 +39,14 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def fuzzed(tiny_llama_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    # A short context keeps every generated request quick: longer max_tokens get their 400 at once.
-    server = start_server(tiny_llama_dir, server_logs, "--max-model-len", "64", "--max-batch-size", "8")
+def fuzzed(
+    tiny_llama_dir: Path, server_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    # A short context keeps every generated request quick: longer max_tokens get their 400 at once. The Batch API's
+    # files go to a folder of the test's own.
+    data = str(tmp_path_factory.mktemp("fuzz-data"))
+    args = ("--max-model-len", "64", "--max-batch-size", "8", "--data-dir", data)
+    server = start_server(tiny_llama_dir, server_logs, *args)
     yield server
     server.stop()
 

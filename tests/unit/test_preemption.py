@@ -241,3 +241,25 @@ def test_a_scored_prompt_preempted_mid_prefill_is_scored_whole_once(llama, llama
         assert entry.logprob == pytest.approx(float(expected[position - 1, prompt[position]]), abs=1e-4)
     assert sum(o.completion_tokens for o in outputs["scored"][-1:]) == 2
     assert core.kv.usage().blocks_used == 0
+
+
+def test_the_least_urgent_row_is_preempted_first(llama, llama_tokenizer) -> None:
+    # Two requests of 9 + 14 tokens (6 blocks each) in a pool of 9 blocks: one must give way. The one that came
+    # first has the larger priority value (less urgent): it is the one preempted, so the urgent one finishes first.
+    runner = CausalLMRunner(llama, max_rows=2, max_model_len=64, kv=space(llama, 9))
+    core = EngineCore(runner, llama_tokenizer, Scheduler(2, 4), frozenset(), Steps())
+    low = EngineRequest("low", PROMPTS[0], greedy(), priority=5)
+    urgent = EngineRequest("urgent", PROMPTS[0][::-1], greedy())
+    tokens: dict[str, list[int]] = {"low": [], "urgent": []}
+    finished: list[str] = []
+    core.add(low)
+    outputs = core.step()  # the less urgent one runs first
+    core.add(urgent)
+    while outputs or core.has_work():
+        for output in outputs:
+            tokens[output.request_id].extend(output.token_ids)
+            if output.finished:
+                finished.append(output.request_id)
+        outputs = core.step() if core.has_work() else []
+    assert finished == ["urgent", "low"]
+    assert tokens == {r.request_id: llama_reference(llama, r.prompt_token_ids) for r in (low, urgent)}

@@ -145,3 +145,48 @@ def test_an_overhead_over_the_whole_budget_still_makes_progress(make) -> None:
         scheduler.add(seq)
     assert admit(scheduler) == ["a"]
     assert admit(scheduler) == ["b"]
+
+
+@pytest.fixture
+def make_prioritized(tokenizer):
+    def build(request_id: str, priority: int, continuation: bool = False) -> Sequence:
+        params = SamplingParams(max_tokens=4)
+        request = EngineRequest(request_id, [100, 101], params, continuation=continuation, priority=priority)
+        return Sequence(request, tokenizer, frozenset({tokenizer.eos_token_id}), max_total_len=64)
+
+    return build
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival(make_prioritized) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=8)
+    for name, priority in [("a", 5), ("b", 0), ("c", 5), ("d", -1), ("e", 0)]:
+        scheduler.add(make_prioritized(name, priority))
+    assert list(scheduler.waiting) == ["d", "b", "e", "a", "c"]
+    assert admit(scheduler) == ["d"]
+
+
+def test_continuations_and_preempted_go_first_within_their_priority(make_prioritized) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=8)
+    for name, priority in [("a", 0), ("b", 2), ("c", 2)]:
+        scheduler.add(make_prioritized(name, priority))
+    scheduler.add(make_prioritized("next", 2, continuation=True))
+    assert list(scheduler.waiting) == ["a", "next", "b", "c"]
+    late = make_prioritized("late", 1)
+    scheduler.requeue(late)
+    assert list(scheduler.waiting) == ["a", "late", "next", "b", "c"]
+
+
+def test_default_priority_keeps_fifo_and_continuations_first(make_prioritized) -> None:
+    scheduler = Scheduler(max_running=1, max_waiting=8)
+    for name in "abc":
+        scheduler.add(make_prioritized(name, 0))
+    scheduler.add(make_prioritized("next", 0, continuation=True))
+    assert list(scheduler.waiting) == ["next", "a", "b", "c"]
+
+
+def test_requests_starting_together_share_a_priority(make_prioritized) -> None:
+    scheduler = Scheduler(max_running=8, max_waiting=8)
+    for name, priority in [("b1", 9), ("b2", 9), ("i1", 0), ("i2", 0)]:
+        scheduler.add(make_prioritized(name, priority))
+    assert admit(scheduler) == ["i1", "i2"]  # the batch lines wait a step rather than lengthen this prefill
+    assert admit(scheduler) == ["b1", "b2"]

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from transformers_openai import __version__
 from transformers_openai.api.audio_routes import build_audio_router
+from transformers_openai.api.batch_routes import build_batch_router
 from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
@@ -28,6 +29,7 @@ from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.score_routes import build_cohere_v2_router, build_score_router
 from transformers_openai.api.state import AppState, Loader
 from transformers_openai.metrics import Metrics
+from transformers_openai.serving.batch import BatchApi, BatchLimits
 from transformers_openai.settings import Settings
 
 OPS_PATHS = frozenset({"/health", "/ready", "/get_load", "/metrics"})
@@ -47,16 +49,27 @@ def create_app(
     metrics = metrics or Metrics(settings.model_name, compat=settings.metrics_compat)
     state = AppState(loader, lambda context: metrics.on_model_loaded(context.model_kind, context.quantization))
 
+    limits = BatchLimits(
+        max_file_bytes=settings.max_batch_file_bytes,
+        max_lines=settings.max_batch_lines,
+        max_files=settings.max_batch_files,
+        concurrency=settings.batch_concurrency,
+    )
+    batch_api = BatchApi.under(settings.data_dir, limits, state.handlers)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.start(on_load_failure)
+        batch_api.runner.start()
         try:
             yield
         finally:
+            await batch_api.runner.stop()
             await state.stop()
 
     app = FastAPI(title="transformers-openai-api", version=__version__, lifespan=lifespan)
     app.state.serving = state
+    app.state.batch_api = batch_api
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
@@ -68,6 +81,7 @@ def create_app(
     embeddings = build_embedding_router()
     scores = build_score_router()
     messages = build_messages_router()
+    batches = build_batch_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
@@ -75,12 +89,14 @@ def create_app(
         app.include_router(embeddings, prefix=prefix)
         app.include_router(scores, prefix=prefix)
         app.include_router(messages, prefix=prefix)
+        app.include_router(batches, prefix=prefix)
     app.include_router(build_cohere_v2_router())
     app.include_router(build_ops_router())
     # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;
     # auth reads headers only, so a client without a key never holds any of the budget of body bytes in flight.
-    # An upload's form may hold the largest audio file accepted plus its other fields.
-    form_bytes = max(settings.max_request_bytes, settings.max_audio_bytes + _FORM_OVERHEAD_BYTES)
+    # An upload's form may hold the largest audio or batch file accepted plus its other fields.
+    largest_file = max(settings.max_audio_bytes, settings.max_batch_file_bytes)
+    form_bytes = max(settings.max_request_bytes, largest_file + _FORM_OVERHEAD_BYTES)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_request_bytes,

@@ -31,7 +31,7 @@ def _handler(request: Request) -> ResponsesHandler:
     return state.handlers().responses
 
 
-def _owner(request: Request) -> str | None:
+def owner_of_request(request: Request) -> str | None:
     """Whose stored responses this request may see: the digest of its API key (which ApiKeyAuth has checked), or
     None on a server that takes no keys."""
     if not request.app.state.settings.api_keys:
@@ -54,16 +54,16 @@ def build_responses_router() -> APIRouter:
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         handler = _handler(request)
         request.app.state.metrics.on_request(handler.endpoint)
-        owner = _owner(request)
+        owner = owner_of_request(request)
         return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id, owner))
 
     @router.get("/responses/{response_id}", responses=_ERRORS)
     async def get_response(response_id: str, request: Request) -> ResponseObject:
-        return _handler(request).get(response_id, _owner(request))
+        return _handler(request).get(response_id, owner_of_request(request))
 
     @router.delete("/responses/{response_id}", responses=_ERRORS)
     async def delete_response(response_id: str, request: Request) -> DeletedResponse:
-        _handler(request).delete(response_id, _owner(request))
+        _handler(request).delete(response_id, owner_of_request(request))
         return DeletedResponse(id=response_id)
 
     return router

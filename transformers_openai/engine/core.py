@@ -283,15 +283,16 @@ class EngineCore:
         return self._fail(seqs, exc)
 
     def _make_room(self, outputs: list[RequestOutput]) -> int:
-        """Frees K/V blocks until every running row has room for its next token: the request that arrived last is
-        preempted (its blocks freed, its tokens kept; it waits first in line and is prefilled again). A request
+        """Frees K/V blocks until every running row has room for its next token: the request with the largest
+        (priority, arrival), the least urgent and of those the newest, is preempted (its blocks freed, its tokens
+        kept; it waits first in line among its priority and is prefilled again). A request
         that is alone and still does not fit fails. Returns how many were preempted."""
         preempted = 0
         while not self.kv.grow(self._tables()):
             holders = self.scheduler.kv_holders()
             if not holders:
                 break
-            victim = max(holders, key=lambda seq: seq.arrival)
+            victim = max(holders, key=lambda seq: (seq.request.priority, seq.arrival))
             if len(holders) == 1:
                 outputs.extend(self._fail([victim], MemoryError("the K/V cache cannot hold this request")))
                 continue

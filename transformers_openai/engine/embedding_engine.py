@@ -72,6 +72,7 @@ class _Job(Generic[In]):
     pieces: deque[list[int]] = field(default_factory=deque)  # indexes into `inputs`, in the order they run
     vectors: list[np.ndarray | None] = field(default_factory=list)
     left: int = 0  # inputs not embedded yet
+    priority: int = 0  # lower runs first: a round takes only the jobs of the lowest value held
 
     @property
     def gone(self) -> bool:
@@ -169,8 +170,11 @@ class EmbeddingEngine(EngineThread, Generic[In]):
                 dropped=self._dropped,
             )
 
-    async def embed(self, inputs: list[In]) -> Vectors:
-        """The vectors of `inputs` (none of them empty), computed in batches with other requests' inputs."""
+    async def embed(self, inputs: list[In], priority: int = 0) -> Vectors:
+        """The vectors of `inputs` (none of them empty), computed in batches with other requests' inputs.
+
+        While jobs of a lower `priority` value are held, this one's pieces wait (Batch API lines run behind the
+        interactive requests)."""
         if not self.running:
             raise EngineStopped("the engine is not running")
         future: concurrent.futures.Future[Vectors] = concurrent.futures.Future()
@@ -183,7 +187,7 @@ class EmbeddingEngine(EngineThread, Generic[In]):
             job = _Job(
                 inputs, future, deque(cut_pieces([len(item) for item in inputs], self.max_rows, self.max_tokens))
             )
-            job.vectors, job.left = [None] * len(inputs), len(inputs)
+            job.vectors, job.left, job.priority = [None] * len(inputs), len(inputs), priority
             self._jobs.append(job)
             self._cv.notify()
         future.add_done_callback(self._done)
@@ -228,7 +232,8 @@ class EmbeddingEngine(EngineThread, Generic[In]):
             self._run_calls(calls)
             held = self._retire(held)
             if held:
-                self._round(held)
+                first = min(job.priority for job in held)
+                self._round([job for job in held if job.priority == first])
         with self._cv:
             left, self._jobs = held + self._jobs, []
         for job in left:

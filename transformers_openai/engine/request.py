@@ -61,6 +61,8 @@ class EngineRequest:
             empty for a decoder-only model.
         continuation: the next part of a request already being served (e.g. the next 30 s window of a long
             transcription): admitted even at capacity, ahead of the queue, so a long job never gets a 429 half-way.
+        priority: lower is served first (vLLM's): waiting requests are admitted by (priority, arrival), and when
+            K/V memory runs out the running request with the largest (priority, arrival) is preempted first.
     """
 
     request_id: str
@@ -69,6 +71,7 @@ class EngineRequest:
     encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     constraint: TokenConstraint | None = None  # which tokens may come next (structured output); this request's own
+    priority: int = 0
 
     @property
     def prompt_tokens(self) -> int:

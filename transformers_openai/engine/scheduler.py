@@ -9,7 +9,8 @@ from transformers_openai.engine.sequence import Sequence
 
 
 class Scheduler:
-    """Keeps the waiting queue (FIFO), the requests being prefilled and the running set, within their limits.
+    """Keeps the waiting queue (by priority, then FIFO), the requests being prefilled and the running set, within
+    their limits.
 
     Args:
         max_running: rows stepped together (the batch size); requests being prefilled count toward it.
@@ -34,17 +35,42 @@ class Scheduler:
         return self.max_running + self.max_waiting
 
     def add(self, seq: Sequence) -> None:
-        self.waiting[seq.request_id] = seq
-        if seq.request.continuation:  # the next part of a request already served: before the newcomers
-            self.waiting.move_to_end(seq.request_id, last=False)
+        # The next part of a request already served goes before the newcomers of its priority.
+        self._enqueue(seq, first=seq.request.continuation)
+
+    def _enqueue(self, seq: Sequence, first: bool) -> None:
+        """Puts `seq` in the waiting queue, which stays sorted by priority (lower first): behind every request of
+        its priority or, with `first`, ahead of them. With one priority throughout this is a plain FIFO append
+        (or push to the front), with no scan."""
+        waiting, priority = self.waiting, seq.request.priority
+        if not waiting:
+            waiting[seq.request_id] = seq
+            return
+        edge = next(iter(waiting.values())) if first else next(reversed(waiting.values()))
+        if first and edge.request.priority >= priority:
+            waiting[seq.request_id] = seq
+            waiting.move_to_end(seq.request_id, last=False)
+            return
+        if not first and edge.request.priority <= priority:
+            waiting[seq.request_id] = seq
+            return
+        queued = list(waiting.values())
+        behind = [
+            other.request.priority < priority or (not first and other.request.priority == priority) for other in queued
+        ]
+        queued.insert(behind.index(False) if False in behind else len(queued), seq)
+        waiting.clear()
+        waiting.update((other.request_id, other) for other in queued)
 
     def prefill_plan(self, reserve: Callable[[Sequence], bool] = lambda seq: True) -> list[tuple[Sequence, int]]:
-        """This step's prefill work: (sequence, prompt tokens to process), oldest first.
+        """This step's prefill work: (sequence, prompt tokens to process), in the waiting queue's order.
 
         Prefills already under way continue first; then waiting requests start while rows, budget and K/V memory
         remain (`reserve` sets aside a request's row and K/V memory, or says it does not fit: it then waits, and so
-        do the ones behind it). A request's declared overhead (an encoder pass) counts against the budget too: one whose
-        overhead does not fit waits for the next step, unless nothing else is planned (every step makes progress).
+        do the ones behind it). The requests starting in one step share a priority: a less urgent one waits a step
+        rather than lengthen an urgent one's prefill (its time to first token). A request's declared overhead (an
+        encoder pass) counts against the budget too: one whose overhead does not fit waits for the next step, unless
+        nothing else is planned (every step makes progress).
         """
         plan: list[tuple[Sequence, int]] = []
         budget = self.max_prefill_tokens
@@ -54,11 +80,15 @@ class Scheduler:
             take = min(seq.prefill.remaining, budget)
             plan.append((seq, take))
             budget -= take
+        first_priority: int | None = None
         while self.waiting and budget > 0 and len(self.running) + len(self.prefilling) < self.max_running:
             head = next(iter(self.waiting.values()))
             overhead = head.prefill.overhead
             if plan and overhead >= budget:
                 break
+            if first_priority is not None and head.request.priority > first_priority:
+                break  # a less urgent request starts next step: the urgent one's prefill is not made longer
+            first_priority = head.request.priority
             if not reserve(head):
                 break
             _, seq = self.waiting.popitem(last=False)
@@ -78,10 +108,9 @@ class Scheduler:
         return [*self.running.values(), *(s for s in self.prefilling.values() if s.prefill.kv is not None)]
 
     def requeue(self, seq: Sequence) -> None:
-        """A preempted request waits again, ahead of the newcomers."""
+        """A preempted request waits again, ahead of the newcomers of its priority."""
         self.remove(seq.request_id)
-        self.waiting[seq.request_id] = seq
-        self.waiting.move_to_end(seq.request_id, last=False)
+        self._enqueue(seq, first=True)
 
     def pause(self, seq: Sequence) -> None:
         """Sets a request aside until `resume` (already taken out with `remove`, its K/V memory given back)."""

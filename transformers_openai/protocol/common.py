@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+# vLLM's per-request `priority`: lower is served first. Batch API lines run at BATCH_PRIORITY, past every value a
+# client may send, so they take only the capacity interactive requests leave.
+MAX_PRIORITY = 2**31 - 1
+BATCH_PRIORITY = MAX_PRIORITY + 1
+
+
+def priority_field() -> Any:
+    """The `priority` field of a generation or embedding request."""
+    return Field(
+        0,
+        ge=-(2**31),
+        le=MAX_PRIORITY,
+        description="Lower is served first (vLLM's): waiting requests are admitted by priority, then arrival",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from transformers_openai.protocol.base import Strict, Text
+from transformers_openai.protocol.common import priority_field
 from transformers_openai.protocol.text import TokenId
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -27,6 +28,7 @@ class EmbeddingRequest(Strict):
         None, ge=1, description="Cut the vectors to this size (and renormalize): only for models trained for it"
     )
     user: Text | None = None
+    priority: int = priority_field()
     truncate_prompt_tokens: int | None = Field(
         None,
         ge=-1,

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from transformers_openai.protocol.base import Strict, Text
+from transformers_openai.protocol.common import priority_field
 from transformers_openai.protocol.response_input import ITEM_KINDS, MESSAGE_PARTS, InputItem, item_kind, parts_of
 from transformers_openai.protocol.structured_outputs import StructuredOutputsParams
 from transformers_openai.protocol.tools import FunctionName
@@ -155,6 +156,7 @@ class ResponsesRequest(Strict):
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
     service_tier: Text | None = None
+    priority: int = priority_field()
     reasoning: ReasoningConfig | None = None
     # vLLM's: a choice list, regex, grammar or JSON schema the answer follows (instead of text.format)
     structured_outputs: StructuredOutputsParams | None = None

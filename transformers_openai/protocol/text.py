@@ -16,6 +16,7 @@ from pydantic import (
 
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol.base import Strict, Text, Tolerant
+from transformers_openai.protocol.common import priority_field
 from transformers_openai.protocol.structured_outputs import ConstraintFields, OutputConstraint
 from transformers_openai.protocol.tools import (
     DeltaToolCall,
@@ -277,6 +278,7 @@ class _SamplingRequest(ConstraintFields):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    priority: int = priority_field()
     stop: Text | list[Text] | None = None
     logit_bias: dict[TokenIdKey, Bias] | None = None
     ignore_eos: bool = False

@@ -191,7 +191,8 @@ class GenerationHandler(Generic[RequestT]):
                 choice_params = params if seed == params.seed else replace(params, seed=seed)
                 choices.append(Choice(index=index, prompt=prompt))
                 constraint = constraints[index] if constraints else None
-                engine_requests.append(self._engine_request(f"{base_id}-{index}", prompt, choice_params, constraint))
+                engine_request = self._engine_request(f"{base_id}-{index}", prompt, choice_params, constraint)
+                engine_requests.append(replace(engine_request, priority=request.priority))
         return choices, engine_requests
 
     def _engine_request(

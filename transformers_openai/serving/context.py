@@ -89,7 +89,9 @@ class SpeechModel:
 class EmbedClient(Protocol):
     """The embedding engine as the embeddings handler uses it (EmbeddingEngine, or a fake in tests)."""
 
-    async def embed(self, inputs: list[list[int]]) -> list[Any]: ...
+    async def embed(self, inputs: list[list[int]], priority: int = 0) -> list[Any]:
+        """The vectors of `inputs`; while requests of a lower `priority` value wait, those of a higher one wait."""
+        ...
 
 
 @dataclass(frozen=True)

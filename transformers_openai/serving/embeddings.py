@@ -53,7 +53,7 @@ class EmbeddingHandler:
 
     async def _embed(self, request: EmbeddingRequest) -> tuple[list[list[int]], list[np.ndarray]]:
         token_lists = await self._tokenize(request)
-        return token_lists, await self.model.engine.embed(token_lists)
+        return token_lists, await self.model.engine.embed(token_lists, request.priority)
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         model = self.model

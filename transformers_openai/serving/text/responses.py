@@ -280,7 +280,8 @@ def chat_request_of(request: ResponsesRequest, messages: list[ChatMessage]) -> C
         }
         if request.reasoning is not None and request.reasoning.effort is not None:
             fields["reasoning_effort"] = request.reasoning.effort
-        return ChatCompletionRequest.model_validate(fields)
+        # The priority as given: a Batch API line's is past what a client may send, so it is not validated again.
+        return ChatCompletionRequest.model_validate(fields).model_copy(update={"priority": request.priority})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else None
