@@ -7,6 +7,7 @@ import uuid
 
 from transformers_openai.protocol.batches import Batch, BatchCreateRequest, BatchList, RequestCounts
 from transformers_openai.serving.batch.lines import EndpointHandlers, handler_of
+from transformers_openai.serving.batch.paging import check_limit, page_fields
 from transformers_openai.serving.batch.runner import BatchRunner
 from transformers_openai.serving.batch.store import BatchStore, now
 from transformers_openai.serving.errors import BadRequestError, NotFoundError
@@ -54,16 +55,9 @@ class BatchHandler:
         return batch
 
     async def list(self, owner: str | None, after: str | None, limit: int) -> BatchList:
-        if not 1 <= limit <= MAX_LIST:
-            raise BadRequestError(f"limit must be between 1 and {MAX_LIST}", param="limit", code="invalid_value")
+        check_limit(limit, MAX_LIST)
         batches = await asyncio.to_thread(self.store.list_batches, owner, after, limit + 1)
-        page = batches[:limit]
-        return BatchList(
-            data=page,
-            first_id=page[0].id if page else None,
-            last_id=page[-1].id if page else None,
-            has_more=len(batches) > limit,
-        )
+        return BatchList(**page_fields(batches, limit))
 
     async def cancel(self, batch_id: str, owner: str | None) -> Batch:
         """Moves a running batch to cancelling (the runner stops its lines and finishes it as cancelled); a batch

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from transformers_openai.protocol.batches import FileDeleted, FileList, FileObject
+from transformers_openai.serving.batch.paging import check_limit, page_fields
 from transformers_openai.serving.batch.store import BatchStore, now
 from transformers_openai.serving.errors import BadRequestError, NotFoundError, PayloadTooLargeError
 
@@ -72,16 +73,9 @@ class FileHandler:
         return file
 
     async def list(self, owner: str | None, purpose: str | None, after: str | None, limit: int) -> FileList:
-        if not 1 <= limit <= MAX_LIST:
-            raise BadRequestError(f"limit must be between 1 and {MAX_LIST}", param="limit", code="invalid_value")
+        check_limit(limit, MAX_LIST)
         files = await asyncio.to_thread(self.store.list_files, owner, purpose, after, limit + 1)
-        page = files[:limit]
-        return FileList(
-            data=page,
-            first_id=page[0].id if page else None,
-            last_id=page[-1].id if page else None,
-            has_more=len(files) > limit,
-        )
+        return FileList(**page_fields(files, limit))
 
     async def content(self, file_id: str, owner: str | None) -> BinaryIO:
         """The file's bytes, opened (a route streams them with `read_chunks`, which closes it)."""
