@@ -159,7 +159,8 @@ def presented_key(scope: Scope) -> bytes | None:
     key = headers.get(b"x-api-key")
     if key is not None:
         return key.strip()
-    for offered in scope.get("subprotocols", ()) if scope["type"] == "websocket" else ():
+    offers: list[str] = list(scope.get("subprotocols", ())) if scope["type"] == "websocket" else []
+    for offered in offers:
         if offered.startswith(KEY_SUBPROTOCOL):
             return offered[len(KEY_SUBPROTOCOL) :].encode("latin-1", "replace")
     return None
