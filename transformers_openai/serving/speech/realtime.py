@@ -51,11 +51,12 @@ from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisco
 from transformers_openai.serving.errors import BadRequestError, OpenAIError, to_openai_error
 from transformers_openai.serving.speech.realtime_buffer import AudioBuffer, decode_chunk, wav_bytes
 from transformers_openai.serving.speech.realtime_config import SessionConfig
-from transformers_openai.serving.speech.voice_activity import VoiceActivity, VoiceEvent
+from transformers_openai.serving.speech.voice_activity import FRAME_MS, MIN_SPEECH_FRAMES, VoiceActivity, VoiceEvent
 
 logger = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100  # OpenAI's least audio for a commit
+SPEECH_ONSET_MS = MIN_SPEECH_FRAMES * FRAME_MS
 Send = Callable[[ServerEvent], Awaitable[None]]
 Create = Callable[[TranscriptionRequest, WaitDisconnect, str], Awaitable[object]]
 _EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
@@ -204,7 +205,8 @@ class RealtimeSession:
         for change in self._voice.feed(samples):
             await self._voice_changed(change)
         if not self._voice.speaking and self._config.vad is not None:
-            padding = self._config.sampling_rate * self._config.vad.prefix_padding_ms // 1000
+            # Speech found in the next chunk may have started in the last frames of this one: keep them too.
+            padding = self._config.sampling_rate * (self._config.vad.prefix_padding_ms + SPEECH_ONSET_MS) // 1000
             self._buffer.drop_before(self._voice.position - padding)
 
     async def _voice_changed(self, change: VoiceEvent) -> None:
