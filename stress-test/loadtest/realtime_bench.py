@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import soundfile
 import soxr
 
+from loadtest.batch_ttft import wait_compiled
 from loadtest.server import ServerOptions, local_server
 
 RATE = 24000
@@ -220,12 +222,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=30.0, help="audio each session speaks per level")
     parser.add_argument("--budget", type=float, default=1.5, help="p95 latency after the turn ends, seconds")
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument(
+        "--wait-compiled-s", type=float, default=300, help="wait for the compiled decode step (default: %(default)s)"
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="extra server option (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write the summary JSON here")
     return parser.parse_args(argv)
 
 
 async def _levels(root_url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        compiled = await wait_compiled(client, root_url, args.wait_compiled_s)
+    print(json.dumps({"decode_step_compiled": compiled}), flush=True)
     url = root_url.replace("http://", "ws://", 1) + "/v1/realtime?intent=transcription"
     clips = [pcm24k(args.audio_dir / name) for name in args.clips.split(",")]
     await speak(url, clips[:1], pace=0)  # warm-up: the first turn loads decoders and the resampler

@@ -50,7 +50,7 @@ from transformers_openai.protocol.realtime_events import (
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
 from transformers_openai.serving.errors import BadRequestError, OpenAIError, to_openai_error
 from transformers_openai.serving.speech.realtime_buffer import AudioBuffer, decode_chunk, wav_bytes
-from transformers_openai.serving.speech.realtime_config import SessionConfig
+from transformers_openai.serving.speech.realtime_config import SessionConfig, requested_model
 from transformers_openai.serving.speech.voice_activity import FRAME_MS, MIN_SPEECH_FRAMES, VoiceActivity, VoiceEvent
 
 logger = logging.getLogger(__name__)
@@ -159,15 +159,10 @@ class RealtimeSession:
             await self._update(event)
 
     async def _update(self, event: TranscriptionSessionUpdate | SessionUpdate) -> None:
+        requested = requested_model(event.session)
+        if requested is not None:
+            self._check_model(requested)
         before = (self._config.audio_format, self._config.vad)
-        if isinstance(event, SessionUpdate):
-            model = (
-                event.session.audio.input.transcription if event.session.audio and event.session.audio.input else None
-            )
-        else:
-            model = event.session.input_audio_transcription
-        if model is not None and model.model is not None:
-            self._check_model(model.model)
         if isinstance(event, SessionUpdate):
             self._config.update_ga(event.session)
             shown = SessionEvent(type="session.updated", session=self._config.ga_view(self.id))

@@ -15,6 +15,16 @@ from transformers_openai.protocol.realtime import (
 )
 
 
+def requested_model(session: BetaSession | GaSession) -> str | None:
+    """The transcription model a session update names, if it names one."""
+    if isinstance(session, BetaSession):
+        transcription = session.input_audio_transcription
+    else:
+        audio_input = session.audio.input if session.audio is not None else None
+        transcription = audio_input.transcription if audio_input is not None else None
+    return transcription.model if transcription is not None else None
+
+
 @dataclass
 class SessionConfig:
     model: str
