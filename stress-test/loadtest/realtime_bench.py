@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--levels", default="1,2,4,8,12,16", help="sessions at once, one level after another")
     parser.add_argument("--seconds", type=float, default=30.0, help="audio each session speaks per level")
     parser.add_argument("--budget", type=float, default=1.5, help="p95 latency after the turn ends, seconds")
+    parser.add_argument(
+        "--saturated", type=float, default=10.0, help="stop the sweep after a level whose p50 passes this (seconds)"
+    )
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument(
         "--wait-compiled-s", type=float, default=300, help="wait for the compiled decode step (default: %(default)s)"
@@ -237,12 +241,32 @@ async def _levels(root_url: str, args: argparse.Namespace) -> list[dict[str, Any
     url = root_url.replace("http://", "ws://", 1) + "/v1/realtime?intent=transcription"
     clips = [pcm24k(args.audio_dir / name) for name in args.clips.split(",")]
     await speak(url, clips[:1], pace=0)  # warm-up: the first turn loads decoders and the resampler
-    results = []
+    results: list[dict[str, Any]] = []
     for level in (int(value) for value in args.levels.split(",")):
         summary = (await run_level(url, clips, level, args.seconds)).summary(args.budget)
         print(json.dumps(summary), flush=True)
         results.append(summary)
+        write_summary(args, results, compiled)
+        if (summary["after_stop_p50_s"] or 0) > args.saturated:
+            break  # a backlog: the turns of more sessions only wait longer
     return results
+
+
+def write_summary(args: argparse.Namespace, results: list[dict[str, Any]], compiled: bool) -> dict[str, Any]:
+    """The sweep so far, written to `--out` after each level (a long sweep stopped early keeps its levels)."""
+    sustained = [r["sessions"] for r in results if r["sustained"]]
+    summary = {
+        "budget_s": args.budget,
+        "decode_step_compiled": compiled,
+        "levels": results,
+        "most_sustained": max(sustained, default=0),
+        "seconds_per_session": args.seconds,
+        "clips": args.clips,
+        "date": date.today().isoformat(),
+    }
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,8 +281,5 @@ def main(argv: list[str] | None = None) -> int:
         with local_server(opts) as root_url:
             results = asyncio.run(_levels(root_url, args))
     sustained = [r["sessions"] for r in results if r["sustained"]]
-    summary = {"budget_s": args.budget, "levels": results, "most_sustained": max(sustained, default=0)}
-    print(json.dumps({"most_sustained": summary["most_sustained"], "budget_s": args.budget}))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({"most_sustained": max(sustained, default=0), "budget_s": args.budget}))
     return 0

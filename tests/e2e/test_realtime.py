@@ -9,6 +9,7 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -16,6 +17,10 @@ import pytest
 import soundfile
 import websockets
 from loadtest.realtime_bench import RATE, SessionLog, Turn, pcm24k, speak
+from openai.types.realtime import (
+    ConversationItemInputAudioTranscriptionCompletedEvent,
+    ConversationItemInputAudioTranscriptionDeltaEvent,
+)
 
 from tests.e2e.conftest import async_client
 from tests.e2e.server import ServerProcess
@@ -125,6 +130,40 @@ def test_a_session_that_vanishes_mid_turn_frees_its_rows(whisper_server: ServerP
         assert time.monotonic() < deadline, "the vanished session's rows are still running"
         time.sleep(0.05)
     assert metric(whisper_server, "request_success_total", aborted) == before + 1
+
+
+def test_the_openai_clients_realtime_connection_reads_every_event(
+    whisper_server: ServerProcess, audio_dir: Path
+) -> None:
+    """The openai client's own realtime connection (GA `session.update`, manual commits) types every event."""
+    clip = pcm24k(audio_dir / "flite-s1.wav")
+
+    async def session() -> list[Any]:
+        client = async_client(whisper_server)
+        query = {"intent": "transcription"}
+        async with client.realtime.connect(model=MODEL, extra_query=query) as connection:
+            update = {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+            await connection.session.update(session=update)  # type: ignore[arg-type]
+            await connection.input_audio_buffer.append(audio=base64.b64encode(clip).decode())
+            await connection.input_audio_buffer.commit()
+            events = []
+            async for event in connection:
+                events.append(event)
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    return events
+        raise AssertionError("the connection closed before the transcript")
+
+    events = asyncio.run(session())
+    assert [event.type for event in events][1:4] == [
+        "session.updated",
+        "input_audio_buffer.committed",
+        "conversation.item.created",
+    ]
+    deltas = [event for event in events if isinstance(event, ConversationItemInputAudioTranscriptionDeltaEvent)]
+    done = events[-1]
+    assert isinstance(done, ConversationItemInputAudioTranscriptionCompletedEvent)
+    assert deltas and "".join(event.delta or "" for event in deltas) == done.transcript
+    assert done.transcript == asyncio.run(uploaded_text(whisper_server, clip))
 
 
 def test_sessions_past_the_bound_are_refused_at_the_handshake(whisper_server: ServerProcess) -> None:

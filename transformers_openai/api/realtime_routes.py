@@ -18,6 +18,7 @@ from starlette.websockets import WebSocketState
 from transformers_openai.api.errors import error_response
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.realtime_events import ErrorEvent, EventError, ServerEvent
+from transformers_openai.serving.disconnect import ClientDisconnected
 from transformers_openai.serving.errors import BadRequestError, OpenAIError, RateLimitError
 from transformers_openai.serving.speech.realtime import RealtimeLimits, RealtimeSession
 
@@ -79,7 +80,10 @@ def _open_session(websocket: WebSocket, intent: str | None, model: str | None) -
 
     async def send(event: ServerEvent) -> None:
         async with lock:
-            await websocket.send_text(event.model_dump_json())
+            try:
+                await websocket.send_text(event.model_dump_json())
+            except WebSocketDisconnect:
+                raise ClientDisconnected("realtime session") from None  # a turn's send: the session ends quietly
 
     session = RealtimeSession(handler.create, handler.ctx.check_model, model or handler.ctx.model_name, limits, send)
     websocket.app.state.realtime_slots.take()
@@ -106,7 +110,7 @@ async def _serve(websocket: WebSocket, session: RealtimeSession, idle_timeout: f
                 )
                 continue
             await session.receive(text)
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, ClientDisconnected):
         return
     finally:
         await session.close()
