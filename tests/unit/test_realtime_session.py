@@ -169,6 +169,13 @@ async def test_clear_drops_the_buffer() -> None:
             "session.turn_detection.threshold",
         ),
         ('{"type": "session.update", "session": {"type": "realtime"}}', "invalid_event", "session.type"),
+        (
+            '{"type": "transcription_session.update", "session": {"turn_detection": {"threshold": "0.5"}}}',
+            "invalid_event",
+            "session.turn_detection.threshold",
+        ),
+        ('{"type": "input_audio_buffer.commit", "event_id": NaN}', "invalid_event", "event_id"),
+        ("[" * 100_000 + "]" * 100_000, "invalid_json", None),
     ],
 )
 async def test_a_malformed_event_gets_an_error_event_naming_it_and_the_session_goes_on(

@@ -123,7 +123,7 @@ class RealtimeSession:
     def _parse(self, message: str) -> ClientEvent:
         try:
             raw = json.loads(message)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequestError("the event is not valid JSON", code="invalid_json") from None
         kind = raw.get("type") if isinstance(raw, dict) else None
         if not isinstance(kind, str):
@@ -137,7 +137,7 @@ class RealtimeSession:
                 code="invalid_event",
             )
         try:
-            return _EVENTS.validate_python(raw, strict=False)
+            return _EVENTS.validate_json(message)  # strict, as every request: no "0.5" for 0.5
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"][1:])
