@@ -247,6 +247,17 @@ class Settings(BaseSettings):
     max_audio_decodes: int = Field(
         2, ge=1, description="Audio uploads decoded at once (each holds its samples in memory); more wait their turn."
     )
+    max_realtime_sessions: int = Field(
+        16, ge=1, description="Realtime transcription sessions (/v1/realtime WebSockets) open at once; more get 429."
+    )
+    realtime_idle_timeout: float = Field(
+        60.0, gt=0, description="Seconds a realtime session may send no event before the server closes it."
+    )
+    realtime_max_buffer_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Audio a realtime session may hold uncommitted, in seconds; an append past it gets an error event.",
+    )
     max_inflight_bytes: int = Field(
         512 * 1024 * 1024,
         ge=1024 * 1024,

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "host-cost": ("host_cost", "host cost of a decode step: the engine's against eager transformers"),
     "greedy-agreement": ("greedy_agreement", "how often two dtypes or weight layouts give the same greedy answer"),
     "quantized-quality": ("quantized_quality", "lm-eval scores of server configurations (quantized vs plain)"),
+    "realtime": ("realtime_bench", "realtime transcription sessions one server sustains within a latency budget"),
     "whisper-int8": ("whisper_int8_bench", "Whisper transcription: our int8 server against faster-whisper"),
     "neighbour": ("busy_neighbour", "running servers' output beside a process spinning on one core, and after"),
     "random-model": ("random_model", "a random-weight model of a given shape, for GPU measurements"),

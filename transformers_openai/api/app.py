@@ -24,6 +24,7 @@ from transformers_openai.api.middleware import (
     allowed_hosts,
 )
 from transformers_openai.api.openapi import install_openapi
+from transformers_openai.api.realtime_routes import RealtimeSlots, build_realtime_router
 from transformers_openai.api.response_routes import build_responses_router
 from transformers_openai.api.routes import build_ops_router, build_router
 from transformers_openai.api.score_routes import build_cohere_v2_router, build_score_router
@@ -73,6 +74,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
+    app.state.realtime_slots = RealtimeSlots(settings.max_realtime_sessions)
     install_error_handlers(app)
     install_openapi(app)
     router = build_router()
@@ -82,6 +84,7 @@ def create_app(
     scores = build_score_router()
     messages = build_messages_router()
     batches = build_batch_router()
+    realtime = build_realtime_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
@@ -90,6 +93,7 @@ def create_app(
         app.include_router(scores, prefix=prefix)
         app.include_router(messages, prefix=prefix)
         app.include_router(batches, prefix=prefix)
+        app.include_router(realtime, prefix=prefix)
     app.include_router(build_cohere_v2_router())
     app.include_router(build_ops_router())
     # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;

@@ -117,7 +117,9 @@ class RequestIdMiddleware:
 
 class ApiKeyAuth:
     """Requires `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) with one of the configured keys,
-    compared in constant time."""
+    compared in constant time. A WebSocket handshake may also offer the key as the subprotocol
+    `openai-insecure-api-key.<key>` (what OpenAI's browser clients send, as browsers cannot set headers); one
+    refused gets the same 401 in place of the upgrade."""
 
     def __init__(self, app: ASGIApp, keys: list[str], open_paths: Callable[[str], bool]) -> None:
         self.app = app
@@ -125,7 +127,7 @@ class ApiKeyAuth:
         self._open = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or self._open(scope["path"]):
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS" or self._open(scope["path"]):
             await self.app(scope, receive, send)
             return
         if not self._matches(presented_key(scope)):
@@ -144,14 +146,24 @@ class ApiKeyAuth:
         return token is not None and matched
 
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
 def presented_key(scope: Scope) -> bytes | None:
-    """The key a request presents: its `Authorization: Bearer` token, else its `x-api-key` (Anthropic's header)."""
+    """The key a request presents: its `Authorization: Bearer` token, else its `x-api-key` (Anthropic's header),
+    else (a WebSocket handshake) its `openai-insecure-api-key.<key>` subprotocol."""
     headers: dict[bytes, bytes] = dict(scope.get("headers", ()))
     scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
     if scheme.lower() == b"bearer":
         return token.strip()
     key = headers.get(b"x-api-key")
-    return None if key is None else key.strip()
+    if key is not None:
+        return key.strip()
+    offers: list[str] = list(scope.get("subprotocols", ())) if scope["type"] == "websocket" else []
+    for offered in offers:
+        if offered.startswith(KEY_SUBPROTOCOL):
+            return offered[len(KEY_SUBPROTOCOL) :].encode("latin-1", "replace")
+    return None
 
 
 class Cors(CORSMiddleware):
