@@ -278,8 +278,10 @@ def load_serving_context(
     if problem is not None:
         raise ValueError(problem)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
-        # Plain float linear layers only: quantized ones keep their own kernels.
-        logger.info("packed %d linear layers for oneDNN", pack_linear_layers(model))
+        # Plain float linear layers only: quantized ones keep their own kernels. The kernel for 1-4 rows is built
+        # (or found) in the compile store.
+        packed = pack_linear_layers(model, private_store(settings.compile_cache_dir))
+        logger.info("packed %d linear layers for oneDNN", packed)
         phases.done("packing")
     if activation is not None:  # kinds with an engine of their own
         context = replace(
@@ -431,7 +433,7 @@ def compile_steps_alone(settings: Settings, kv_space: KVSpace, store: Path) -> b
     dtype = resolve_dtype(settings.dtype, device)
     model, _ = _load_model(settings, config, spec.model_class, device, dtype, None, StartupPhases())
     if settings.pack_cpu_weights:
-        pack_linear_layers(model)
+        pack_linear_layers(model, store)
     max_len = spec.context_length(model, settings.max_model_len)
     runner, _ = spec.build_runner(model, settings.batch_rows(kind), max_len, max_len, kv_space)
     return bool(runner.prepare(Acceleration(compiled=True, kernels=True, store=store)).done)

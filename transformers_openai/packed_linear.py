@@ -21,17 +21,22 @@ import inspect
 import logging
 import mmap
 import sys
+from pathlib import Path
 from typing import Any, cast
 
 import torch
+
+from transformers_openai.runners.kernels import gemv_kernel
 
 logger = logging.getLogger(__name__)
 
 
 class PackedLinear(torch.nn.Module):
-    """`y = x W^T + b` with `W` kept in oneDNN's blocked layout (the plain weight is not kept)."""
+    """`y = x W^T + b` with `W` kept in oneDNN's blocked layout (the plain weight is not kept); with `rows_kernel`
+    also in the matrix-vector kernel's layout (`gemv_kernel.py`, which must be loaded), which inputs of at most
+    `gemv_kernel.MAX_ROWS` rows multiply through (a decode step at low concurrency)."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows_kernel: bool = False) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -39,6 +44,7 @@ class PackedLinear(torch.nn.Module):
         weight = linear.weight.detach()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.register_buffer("blocked_weight", gemv_kernel.block_weight(weight) if rows_kernel else None)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -49,10 +55,15 @@ class PackedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         weight, bias = self.weight, cast(torch.Tensor | None, self.bias)
+        blocked = cast(torch.Tensor | None, self.blocked_weight)
         if torch.compiler.is_compiling():  # one opaque call in a compiled graph (`register_compilable_op`)
-            y: torch.Tensor = torch.ops.transformers_openai.packed_linear(rows, weight, bias)
+            y: torch.Tensor = torch.ops.transformers_openai.packed_linear(rows, weight, bias, blocked)
             if self.activation == "gelu":
                 y = torch.nn.functional.gelu(y)  # the compiler fuses it with what follows
+        elif blocked is not None and rows.shape[0] <= gemv_kernel.MAX_ROWS:
+            y = gemv_kernel.gemv(rows, blocked, bias, self.out_features)
+            if self.activation == "gelu":
+                y = torch.nn.functional.gelu(y)
         elif self.activation == "gelu":
             y = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "gelu", [], "none")  # "none": erf, not tanh
         else:
@@ -61,15 +72,24 @@ class PackedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         fused = f", activation={self.activation}" if self.activation else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{fused}"
+        rows_kernel = ", rows_kernel=True" if self.blocked_weight is not None else ""
+        features = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{features}, bias={self.bias is not None}{fused}{rows_kernel}"
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocked: torch.Tensor | None = None
+) -> torch.Tensor:
+    """oneDNN's packed product, or the matrix-vector kernel's for a few rows where the layer has its layout."""
+    if blocked is not None and x.shape[0] <= gemv_kernel.MAX_ROWS:
+        return gemv_kernel.gemv(x, blocked, bias, weight.shape[0])
     y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return y
 
 
-def _linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _linear_shape(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocked: torch.Tensor | None = None
+) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -83,7 +103,7 @@ def register_compilable_op() -> None:
     # the small products themselves): the dispatcher calls the kernel directly; torch keeps the registrations for the
     # process's life.
     name = "transformers_openai::packed_linear"
-    torch.library.define(name, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    torch.library.define(name, "(Tensor x, Tensor weight, Tensor? bias, Tensor? blocked=None) -> Tensor")
     torch.library.impl(name, "CompositeExplicitAutograd", _linear)
     torch.library.register_fake(name, _linear_shape)
 
@@ -107,12 +127,14 @@ def can_pack(dtype: torch.dtype) -> bool:
     return bool(torch.allclose(packed.float(), plain.float(), rtol=tolerance, atol=tolerance))
 
 
-def pack_linear_layers(model: torch.nn.Module) -> int:
+def pack_linear_layers(model: torch.nn.Module, kernels: Path | None = None) -> int:
     """Packs every `nn.Linear` of a CPU model whose weight is plain (a quantized layer is left as it is); returns how
-    many were packed (0 when it cannot)."""
+    many were packed (0 when it cannot). With `kernels` (where the C++ kernels are built and kept), float32 layers
+    also get the matrix-vector kernel's layout for inputs of 1-4 rows (`gemv_kernel.py`), where it can be built."""
     dtype = next(model.parameters()).dtype
     if not can_pack(dtype):
         return 0
+    rows_kernel = kernels is not None and dtype == torch.float32 and gemv_kernel.load(kernels)
     owners: dict[int, int] = {}
     for _, parameter in model.named_parameters(remove_duplicate=False):
         owners[id(parameter)] = owners.get(id(parameter), 0) + 1
@@ -127,10 +149,13 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
     with torch.no_grad():
         for name in names:
             linear = cast(torch.nn.Linear, model.get_submodule(name))
-            model.set_submodule(name, PackedLinear(linear))
+            model.set_submodule(name, PackedLinear(linear, rows_kernel))
             if owners[id(linear.weight)] == 1:  # a tied table stays, for the module sharing it
                 mapped.release(linear.weight)
             packed += 1
+    if rows_kernel and packed:
+        variant = {gemv_kernel.AVX512: "AVX-512", gemv_kernel.AVX2: "AVX2"}.get(gemv_kernel.best_variant(), "plain C++")
+        logger.info("%d packed layers multiply 1-4 rows with the matrix-vector kernel (%s)", packed, variant)
     fused = fuse_activations(model) if packed else 0
     if fused:
         logger.info("%d activations applied by their packed layers", fused)

@@ -131,7 +131,8 @@ class Settings(BaseSettings):
     compile_cache_dir: Path = Field(
         default_factory=lambda: _user_cache() / "transformers-openai" / "compiled-steps",
         description="Where compiled steps, the C++ inductor built for them (its cache: TORCHINDUCTOR_CACHE_DIR is "
-        "set to a folder here) and the paged decode attention kernel are kept between starts (default: "
+        "set to a folder here) and our C++ kernels (decode attention, the matrix-vector product of 1-4 rows) are "
+        "kept between starts (default: "
         "under $XDG_CACHE_HOME, else ~/.cache); they are pickles and shared libraries, loaded at start: it is made "
         "private (0700), and refused, with a warning and a temporary folder used instead, when another user could "
         "write it.",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--weights",
         default="packed",
-        help="comma-separated: packed (the server's CPU default), plain (nn.Linear); "
+        help="comma-separated: packed (oneDNN's packed products), gemv (those and the matrix-vector kernel for 1-4 "
+        "rows: the server's CPU default for float32), plain (nn.Linear); "
         "several are measured interleaved, batch by batch (default: %(default)s)",
     )
     args = parser.parse_args(argv)
@@ -189,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     for weights in args.weights.split(","):
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
         model = model.to(args.device).eval()
-        if weights == "packed" and args.device == "cpu" and not pack_linear_layers(model):
+        kernels = Path(tempfile.mkdtemp(prefix="step-breakdown-")) if weights == "gemv" else None
+        if weights in ("packed", "gemv") and args.device == "cpu" and not pack_linear_layers(model, kernels):
             parser.error("this CPU or torch build cannot pack the weights for oneDNN")
         models[weights] = model
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -150,10 +150,10 @@ def test_fixed_steps_under_batching_match_generate(
 @pytest.mark.parametrize("reading", ["gathered", "in-place"])
 def test_the_store_key_covers_every_module_the_decode_step_runs(tiny_llama_dir: Path, reading, tmp_path) -> None:
     """The compiled step's store key hashes the source of `TRACED_MODULES` only: the eager decode step, which is
-    what the compiler traces, calls into no other module of this package (packed weights and the in-place kernel
-    included)."""
+    what the compiler traces, calls into no other module of this package (packed weights, the matrix-vector kernel
+    of few rows and the in-place kernel included)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    pack_linear_layers(model)
+    pack_linear_layers(model, tmp_path / "kernels" if has_cxx_compiler() else None)  # with the 1-4 row kernel
     runner = CausalLMRunner(model, max_rows=4, max_model_len=128)
     assert runner.fix_steps(graphs=False, prefills=False)
     fixed = runner.fixed

@@ -20,36 +20,16 @@ per row with the keys transposed, as `CrossKVCache` keeps an encoder-decoder mod
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from transformers_openai.runners.steps.step_store import cpu_flags, cxx_compiler
-
-logger = logging.getLogger(__name__)
+from transformers_openai.runners.kernels.native_build import build_and_load
 
 OP = "transformers_openai::paged_decode_attention"
 CROSS_OP = "transformers_openai::cross_decode_attention"
 
 SOURCE_FILE = Path(__file__).parent / "csrc" / "decode_attention.cpp"  # shipped as package data
-
-
-def _command(cxx: str, source: Path, target: Path) -> list[str]:
-    """Built against this torch's headers and libraries, as its own C++ operators are."""
-    torch_dir = Path(torch.__file__).parent
-    libraries = torch_dir / "lib"
-    return [
-        cxx, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-Wall", "-Wextra",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        # torch's headers as system headers: the warnings asked for are this kernel's own.
-        "-isystem", str(torch_dir / "include"),
-        "-isystem", str(torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
-        "-o", str(target), str(source), f"-L{libraries}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libraries}",
-    ]  # fmt: skip
 
 
 def attention(
@@ -85,32 +65,7 @@ def load(directory: Path) -> bool:
     the operator is there, nothing is built or loaded again."""
     if _registered():
         return True
-    cxx = cxx_compiler()
-    if cxx is None:
-        return False
-    source_text = SOURCE_FILE.read_text()
-    key = [source_text, " ".join(_command(Path(cxx).name, Path(), Path())), cpu_flags(), torch.__version__]
-    target = directory / f"paged-decode-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:24]}.so"
-    if not target.exists():
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=directory) as scratch:
-                source, built = Path(scratch) / "kernel.cpp", Path(scratch) / "kernel.so"
-                source.write_text(source_text)  # the digested text, whatever happens to the package's file meanwhile
-                done = subprocess.run(
-                    _command(cxx, source, built), check=True, capture_output=True, text=True, timeout=600
-                )
-                if done.stderr.strip():  # built with -Wall -Wextra: a warning here is a finding in the kernel
-                    logger.warning("the decode attention kernel built with compiler warnings:\n%s", done.stderr)
-                built.replace(target)  # atomic: a start beside this one sees the whole file or none
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            logger.warning("the paged decode attention kernel could not be built: %s", detail)
-            return False
-    try:
-        torch.ops.load_library(str(target))  # type: ignore[no-untyped-call]
-    except (OSError, RuntimeError) as exc:
-        logger.warning("the paged decode attention kernel could not be loaded: %s", exc)
+    if not build_and_load(SOURCE_FILE, "paged-decode", directory, "paged decode attention kernel"):
         return False
     # Their outputs' shapes, for the compiler.
     for op in (OP, CROSS_OP):

@@ -45,6 +45,7 @@ COMPILE_SECONDS_RECORD = "compile-seconds"  # in a store: how long the last comp
 # missing here.
 TRACED_MODULES = (
     "transformers_openai.packed_linear",
+    "transformers_openai.runners.kernels.gemv_kernel",
     "transformers_openai.runners.kernels.paged_attention",
     "transformers_openai.runners.kernels.paged_decode_kernel",
     "transformers_openai.runners.kv.block_table",
