@@ -187,6 +187,36 @@ def _cpu_default(budget: int) -> int:
     return budget // CPU_KV_STEP * CPU_KV_STEP or budget
 
 
+def _rows_kernel_store(settings: Settings, model: torch.nn.Module) -> Path | None:
+    """Where the kernel for 1-4 rows is built, or None to go without it: its layout is a second copy of the plain
+    linear weights, refused (with a log line) when larger than a quarter of the machine's memory. Decided from the
+    total, not what is free, so that the server and the child compiling its steps decide alike."""
+    copy = sum(
+        module.weight.numel() * module.weight.element_size()
+        for module in model.modules()
+        if type(module) is torch.nn.Linear
+    )
+    total = _total_memory()
+    if copy > total // 4:
+        logger.info(
+            "no matrix-vector kernel for 1-4 rows: its copy of the weights (%.1f GB) would pass a quarter of the "
+            "machine's %.1f GB; oneDNN's packed product serves every batch",
+            copy / 1e9,
+            total / 1e9,
+        )
+        return None
+    return private_store(settings.compile_cache_dir)
+
+
+def _total_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemTotal"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 16 * 2**30  # not Linux: assume a modest machine
+
+
 def _free_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -280,7 +310,7 @@ def load_serving_context(
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
         # Plain float linear layers only: quantized ones keep their own kernels. The kernel for 1-4 rows is built
         # (or found) in the compile store.
-        packed = pack_linear_layers(model, private_store(settings.compile_cache_dir))
+        packed = pack_linear_layers(model, _rows_kernel_store(settings, model))
         logger.info("packed %d linear layers for oneDNN", packed)
         phases.done("packing")
     if activation is not None:  # kinds with an engine of their own
@@ -433,7 +463,7 @@ def compile_steps_alone(settings: Settings, kv_space: KVSpace, store: Path) -> b
     dtype = resolve_dtype(settings.dtype, device)
     model, _ = _load_model(settings, config, spec.model_class, device, dtype, None, StartupPhases())
     if settings.pack_cpu_weights:
-        pack_linear_layers(model, store)
+        pack_linear_layers(model, store if _rows_kernel_store(settings, model) is not None else None)
     max_len = spec.context_length(model, settings.max_model_len)
     runner, _ = spec.build_runner(model, settings.batch_rows(kind), max_len, max_len, kv_space)
     return bool(runner.prepare(Acceleration(compiled=True, kernels=True, store=store)).done)

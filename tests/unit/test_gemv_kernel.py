@@ -86,3 +86,16 @@ def test_packing_gives_every_layer_the_kernel_layout(kernels: Path, tiny_llama_d
     ids = torch.tensor([[5, 9, 2, 7]])
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits[:, -1], plain(ids).logits[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_copy_is_refused_past_a_quarter_of_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from transformers_openai import model_loader
+    from transformers_openai.settings import Settings
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32))
+    weights = (64 * 64 + 64 * 32) * 4
+    settings = Settings(model="unused", compile_cache_dir=tmp_path)
+    monkeypatch.setattr(model_loader, "_total_memory", lambda: 4 * weights)
+    assert model_loader._rows_kernel_store(settings, model) is not None
+    monkeypatch.setattr(model_loader, "_total_memory", lambda: 4 * weights - 4)
+    assert model_loader._rows_kernel_store(settings, model) is None
