@@ -192,7 +192,8 @@ class GenerationHandler(Generic[RequestT]):
                 choices.append(Choice(index=index, prompt=prompt))
                 constraint = constraints[index] if constraints else None
                 engine_request = self._engine_request(f"{base_id}-{index}", prompt, choice_params, constraint)
-                engine_requests.append(replace(engine_request, priority=request.priority))
+                lora = self.ctx.adapter(request.model)
+                engine_requests.append(replace(engine_request, priority=request.priority, lora=lora))
         return choices, engine_requests
 
     def _engine_request(
