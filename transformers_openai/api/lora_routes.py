@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
@@ -10,18 +12,19 @@ from transformers_openai.api.state import AppState
 from transformers_openai.protocol.lora import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from transformers_openai.serving.lora import LoraHandler
 
-_ERRORS = error_responses(400, 401, 404, 503)
+_ERRORS = error_responses(400, 401, 404, 413, 429, 503)
+_ANSWERS: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
 
 
 def build_lora_router() -> APIRouter:
     """The routes served with and without the /v1 prefix."""
     router = APIRouter()
 
-    @router.post("/load_lora_adapter", responses=_ERRORS, response_class=PlainTextResponse)
+    @router.post("/load_lora_adapter", responses=_ANSWERS, response_model=None)
     async def load_lora_adapter(body: LoadLoraAdapterRequest, request: Request) -> PlainTextResponse:
         return PlainTextResponse(await _handler(request).load(body))
 
-    @router.post("/unload_lora_adapter", responses=_ERRORS, response_class=PlainTextResponse)
+    @router.post("/unload_lora_adapter", responses=_ANSWERS, response_model=None)
     async def unload_lora_adapter(body: UnloadLoraAdapterRequest, request: Request) -> PlainTextResponse:
         return PlainTextResponse(await _handler(request).unload(body))
 

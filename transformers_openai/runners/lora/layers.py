@@ -1,12 +1,17 @@
 """A base model's linear layers with each row's LoRA update added: the base weights applied once to the whole batch,
-then each adapter present in the step applied to its own rows only (grouped low-rank products), never merged.
+then each row's adapter to that row only, never merged into the weights.
 
 `LoraRows` says which adapter each row of the forward running now uses (the runner sets it before a forward);
-every `LoraLinear` reads it, so the grouping is worked out once a step, not once a layer.
+every `LoraLinear` reads it, so the grouping is worked out once a step, not once a layer. With one adapter in the
+step, its rows are gathered and take two matmuls (`add_lora`); with several, one batched product over all rows
+takes each row's own pair, gathered from the pairs of the adapters present stacked per layer (`add_stacked_lora`):
+a step costs the same few operations a layer however many adapters it holds (eager operations on small matrices
+cost mostly their dispatch on a CPU). The stacks are kept for the last few sets of adapters seen together.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,20 +40,67 @@ class LoraWeightsLike(Protocol):
     def pairs(self) -> dict[str, LoraPair]: ...
 
 
+# Sets of adapters whose stacked pairs are kept (a decode step's set, a prefill's, ...).
+_KEPT_STACKS = 4
+
+
+@dataclass(frozen=True)
+class StackedRows:
+    """Several adapters in one forward: the adapters present (`present`), each row's place among them (`slots` on the
+    device: 0 for a row without one, i + 1 for `present[i]`), and the scaling they share (None when they differ:
+    `scales` `[rows, 1, 1]` float32, each row's own)."""
+
+    present: tuple[LoraWeightsLike, ...]
+    slots: torch.Tensor
+    scaling: float | None
+    scales: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Stacks:
+    present: tuple[LoraWeightsLike, ...]
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
 class LoraRows:
-    """The adapter of each row of the forward running now, grouped: (adapter, its rows' indices on the device)."""
+    """The adapter of each row of the forward running now: `groups` (adapter, its rows' indices on the device), and
+    with several adapters `stacked`; the pairs stacked per layer for the last sets of adapters."""
 
     def __init__(self) -> None:
         self.groups: list[tuple[LoraWeightsLike, torch.Tensor]] = []
+        self.stacked: StackedRows | None = None
+        # Keyed by the adapters' ids; each entry holds its adapters, so no id is reused while it is kept.
+        self._stacks: OrderedDict[tuple[int, ...], _Stacks] = OrderedDict()
 
     @contextmanager
     def using(self, adapters: Sequence[LoraWeightsLike | None], device: torch.device) -> Iterator[None]:
         """Rows `i` of the forwards run inside get `adapters[i]`'s update (None: the base model alone)."""
         self.groups = group_rows(adapters, device)
+        self.stacked = stack_rows(adapters, [adapter for adapter, _ in self.groups], device)
         try:
             yield
         finally:
             self.groups = []
+            self.stacked = None
+
+    def stacks(self, name: str, features: tuple[int, int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `name`'s pairs of the adapters present, stacked: `a` `[1 + adapters, rank, in]`, `b` `[1 + adapters,
+        out, rank]`, zeros first (rows without an adapter) and for an adapter that does not target the layer, ranks
+        padded with zeros to the largest."""
+        stacked = self.stacked
+        assert stacked is not None
+        key = tuple(id(adapter) for adapter in stacked.present)
+        kept = self._stacks.get(key)
+        if kept is None:
+            kept = self._stacks[key] = _Stacks(stacked.present, {})
+            while len(self._stacks) > _KEPT_STACKS:
+                self._stacks.popitem(last=False)
+        else:
+            self._stacks.move_to_end(key)
+        layers = kept.layers
+        if name not in layers:
+            layers[name] = _stack(name, features, stacked.present, like)
+        return layers[name]
 
 
 def group_rows(
@@ -60,6 +112,50 @@ def group_rows(
         if adapter is not None:
             rows.setdefault(id(adapter), (adapter, []))[1].append(i)
     return [(adapter, torch.tensor(indices, device=device)) for adapter, indices in rows.values()]
+
+
+def stack_rows(
+    adapters: Sequence[LoraWeightsLike | None], present: Sequence[LoraWeightsLike], device: torch.device
+) -> StackedRows | None:
+    """Each row's place among the adapters `present`, when there are several; None with one or none."""
+    if len(present) < 2:
+        return None
+    places = {id(adapter): i + 1 for i, adapter in enumerate(present)}
+    slots = torch.tensor([0 if adapter is None else places[id(adapter)] for adapter in adapters], device=device)
+    scalings = [next(iter(adapter.pairs.values())).scaling for adapter in present]
+    if len(set(scalings)) == 1:
+        return StackedRows(tuple(present), slots, scalings[0], None)
+    per_row = [0.0 if adapter is None else scalings[places[id(adapter)] - 1] for adapter in adapters]
+    scales = torch.tensor(per_row, dtype=torch.float32, device=device)[:, None, None]
+    return StackedRows(tuple(present), slots, None, scales)
+
+
+def _stack(
+    name: str, features: tuple[int, int], present: Sequence[LoraWeightsLike], like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    in_features, out_features = features
+    pairs = [adapter.pairs.get(name) for adapter in present]
+    rank = max((pair.a.shape[0] for pair in pairs if pair is not None), default=1)
+    a = like.new_zeros(1 + len(pairs), rank, in_features)
+    b = like.new_zeros(1 + len(pairs), out_features, rank)
+    for i, pair in enumerate(pairs, start=1):
+        if pair is not None:
+            a[i, : pair.a.shape[0]] = pair.a
+            b[i, :, : pair.b.shape[1]] = pair.b
+    return a, b
+
+
+def add_stacked_lora(
+    out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: StackedRows
+) -> torch.Tensor:
+    """`out` (`[rows, ..., out]`) with row `i`'s update added, `x[i] @ a[s].T @ b[s].T * scaling` for its slot `s`
+    (slot 0: zeros), in one batched product over all rows. In place; returns `out`."""
+    picked_a, picked_b = a.index_select(0, rows.slots), b.index_select(0, rows.slots)
+    flat = x.reshape(x.shape[0], -1, x.shape[-1]).to(a.dtype)
+    update = torch.bmm(torch.bmm(flat, picked_a.transpose(1, 2)), picked_b.transpose(1, 2))
+    update.mul_(rows.scales if rows.scales is not None else rows.scaling or 0.0)
+    out.add_(update.view(out.shape).to(out.dtype))
+    return out
 
 
 def add_lora(out: torch.Tensor, x: torch.Tensor, groups: Sequence[tuple[torch.Tensor, LoraPair]]) -> torch.Tensor:
@@ -92,9 +188,13 @@ class LoraLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.base(x)
-        groups = self._rows.groups
+        rows = self._rows
+        groups = rows.groups
         if not groups:
             return out
+        if rows.stacked is not None:
+            a, b = rows.stacks(self.lora_name, (self.in_features, self.out_features), out)
+            return add_stacked_lora(out, x, a, b, rows.stacked)
         pairs = [(index, adapter.pairs[self.lora_name]) for adapter, index in groups if self.lora_name in adapter.pairs]
         return add_lora(out, x, pairs) if pairs else out
 
