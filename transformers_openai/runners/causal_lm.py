@@ -84,15 +84,15 @@ class CausalLMRunner:
     def prepare(self, acceleration: Acceleration) -> Prepared:
         """Tensor parallelism first (the executor runs each step on every rank), then CUDA graphs, or on a CPU the
         compiled decode step (plain causal attention run by this process alone: see `fix_steps`)."""
+        if self.lora is not None and acceleration.distribute is not None:
+            raise ValueError("LoRA adapters are not served under tensor parallelism")
         if acceleration.distribute is not None:
             self.executor = acceleration.distribute(self.executor)
-        if self.lora is not None:
-            if acceleration.distribute is not None:
-                raise ValueError("LoRA adapters are not served under tensor parallelism")
-            logger.info("LoRA adapters: steps run eagerly (no compiled decode step, no CUDA graphs)")
-            return Prepared()
         elif acceleration.kernels and quantizes_activations(self.model):
             self.attend_per_query(acceleration.store)
+        if self.lora is not None:
+            logger.info("LoRA adapters: steps run eagerly (no compiled decode step, no CUDA graphs)")
+            return Prepared()
         if acceleration.graphs and self.fix_steps(graphs=True):
             return Prepared(("CUDA graphs",), asynchronous=True)
         elsewhere, store = acceleration.compile_elsewhere, acceleration.store
