@@ -457,3 +457,18 @@ class Settings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def joined_lora_modules(args: list[str]) -> list[str]:
+    """vLLM's form `--lora-modules a=PATH b=PATH` (several values after one flag) as `--lora-modules a=PATH,b=PATH`,
+    which the settings' parser reads."""
+    joined: list[str] = []
+    for arg in args:
+        previous = joined[-2:]
+        after_flag = previous[:1] == ["--lora-modules"] and len(previous) == 2
+        after_flag = after_flag or (previous != [] and previous[-1].startswith("--lora-modules="))
+        if after_flag and "=" in arg and not arg.startswith("-"):
+            joined[-1] = f"{joined[-1]},{arg}"
+        else:
+            joined.append(arg)
+    return joined

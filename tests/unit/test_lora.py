@@ -26,6 +26,7 @@ from transformers_openai.runners.lora.layers import (
     group_rows,
     wrap_linear_layers,
 )
+from transformers_openai.settings import Settings, joined_lora_modules
 
 SHAPES = {"model.layers.0.proj": (6, 5)}
 
@@ -168,3 +169,13 @@ def test_names_room_run_time_paths_and_unloads(tmp_path: Path) -> None:
         _adapters().load("a", inside, at_run_time=True)
     with pytest.raises(RuntimeLoadingOff):
         _adapters().unload("a")
+
+
+def test_lora_modules_are_read_in_vllms_form_and_ours() -> None:
+    args = ["--lora-modules", "a=/x", "b=/y", "--port", "1", "--lora-modules=c=/z", "d=/w"]
+    assert joined_lora_modules(args) == ["--lora-modules", "a=/x,b=/y", "--port", "1", "--lora-modules=c=/z,d=/w"]
+    assert joined_lora_modules(["--api-key", "k=v"]) == ["--api-key", "k=v"]
+    settings = Settings(model="m", lora_modules=["a=/x,b=/y", "c = /z"])
+    assert settings.lora_paths == {"a": Path("/x"), "b": Path("/y"), "c": Path("/z")}
+    with pytest.raises(ValueError, match="not name=path"):
+        Settings(model="m", lora_modules=["/x"])

@@ -13,7 +13,8 @@ from transformers_openai.protocol.lora import LoadLoraAdapterRequest, UnloadLora
 from transformers_openai.serving.lora import LoraHandler
 
 _ERRORS = error_responses(400, 401, 404, 413, 429, 503)
-_ANSWERS: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_ERRORS}
+_PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}  # vLLM's answer: one line of text
+_ANSWERS: dict[int | str, dict[str, Any]] = {200: _PLAIN_TEXT, **_ERRORS}
 
 
 def build_lora_router() -> APIRouter:
