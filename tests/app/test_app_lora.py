@@ -49,13 +49,6 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
     return error
 
 
-async def test_without_run_time_loading_both_routes_are_404(client: httpx.AsyncClient) -> None:
-    for prefix in ("/v1", ""):
-        loaded = await client.post(f"{prefix}/load_lora_adapter", json={"lora_name": "a", "lora_path": "/tmp/a"})
-        assert "--allow-runtime-lora" in _error(loaded, 404)["message"]
-        _error(await client.post(f"{prefix}/unload_lora_adapter", json={"lora_name": "a"}), 404)
-
-
 async def test_a_loaded_adapter_is_listed_requested_and_unloaded(
     lora_client: httpx.AsyncClient, fake: FakeEngine, tmp_path: Path
 ) -> None:
@@ -102,7 +95,13 @@ async def test_a_load_that_cannot_be_served_is_our_400(lora_client: httpx.AsyncC
     assert "x" not in {card["id"] for card in (await lora_client.get("/v1/models")).json()["data"]}
 
 
-async def test_the_routes_sit_behind_the_api_key(fake: FakeEngine, hf_tokenizer: Any) -> None:
+async def test_behind_the_api_key_and_404_without_run_time_loading(fake: FakeEngine, hf_tokenizer: Any) -> None:
     async with running(make_app(fake, hf_tokenizer, api_keys=["k"])) as client:
-        for path in ("/v1/load_lora_adapter", "/unload_lora_adapter"):
-            _error(await client.post(path, json={"lora_name": "a", "lora_path": "/a"}), 401)
+        for prefix in ("/v1", ""):
+            load, unload = f"{prefix}/load_lora_adapter", f"{prefix}/unload_lora_adapter"
+            body = {"lora_name": "a", "lora_path": "/tmp/a"}
+            _error(await client.post(load, json=body), 401)
+            _error(await client.post(unload, json={"lora_name": "a"}), 401)
+            key = {"Authorization": "Bearer k"}
+            assert "--allow-runtime-lora" in _error(await client.post(load, json=body, headers=key), 404)["message"]
+            _error(await client.post(unload, json={"lora_name": "a"}, headers=key), 404)
