@@ -50,6 +50,8 @@ def test_the_grouped_product_equals_each_rows_own_update() -> None:
     for i, c in enumerate(chosen):
         expected = base[i] if c is None else base[i] + x[i] @ pairs[c].a.T @ pairs[c].b.T * pairs[c].scaling
         torch.testing.assert_close(out[i], expected)
+    every = add_lora(base.clone(), x, [(torch.arange(7), pairs[1])])  # one adapter on every row: no gather
+    torch.testing.assert_close(every, base + x @ pairs[1].a.T @ pairs[1].b.T * pairs[1].scaling)
 
 
 @pytest.mark.parametrize("scalings", [(2.0, 2.0, 2.0), (2.0, 0.5, 1.5)])

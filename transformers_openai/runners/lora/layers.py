@@ -3,10 +3,11 @@ then each row's adapter to that row only, never merged into the weights.
 
 `LoraRows` says which adapter each row of the forward running now uses (the runner sets it before a forward);
 every `LoraLinear` reads it, so the grouping is worked out once a step, not once a layer. With one adapter in the
-step, its rows are gathered and take two matmuls (`add_lora`); with several, one batched product over all rows
-takes each row's own pair, gathered from the pairs of the adapters present stacked per layer (`add_stacked_lora`):
+step, its rows are gathered and take two matmuls (`add_lora`); with several, the pairs of the adapters present
+side by side take two matmuls over all rows, each row's own part kept by a mask between them (`add_stacked_lora`):
 a step costs the same few operations a layer however many adapters it holds (eager operations on small matrices
-cost mostly their dispatch on a CPU). The stacks are kept for the last few sets of adapters seen together.
+cost mostly their dispatch on a CPU), and reads each adapter's weights once. The side-by-side pairs are kept for the
+last few sets of adapters seen together.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ _KEPT_STACKS = 4
 
 @dataclass(frozen=True)
 class StackedRows:
-    """Several adapters in one forward: the adapters present (`present`), each row's place among them (`slots` on the
-    device: 0 for a row without one, i + 1 for `present[i]`), and the scaling they share (None when they differ:
-    `scales` `[rows, 1, 1]` float32, each row's own)."""
+    """Several adapters in one forward: the adapters present (`present`), each given `rank` places side by side
+    (its own rank, padded with zeros); `mask` `[rows, 1, adapters * rank]` keeps each row's adapter's places (none
+    for a row without one); the scaling they share (None when they differ: `scales` `[rows, 1, 1]` float32, each
+    row's own)."""
 
     present: tuple[LoraWeightsLike, ...]
-    slots: torch.Tensor
+    rank: int
+    mask: torch.Tensor
     scaling: float | None
     scales: torch.Tensor | None
 
@@ -84,9 +87,8 @@ class LoraRows:
             self.stacked = None
 
     def stacks(self, name: str, features: tuple[int, int], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `name`'s pairs of the adapters present, stacked: `a` `[1 + adapters, rank, in]`, `b` `[1 + adapters,
-        out, rank]`, zeros first (rows without an adapter) and for an adapter that does not target the layer, ranks
-        padded with zeros to the largest."""
+        """Layer `name`'s pairs of the adapters present side by side: `a` `[adapters * rank, in]`, `b` `[out, adapters
+        * rank]`, zeros for an adapter that does not target the layer and where its rank is below the largest."""
         stacked = self.stacked
         assert stacked is not None
         key = tuple(id(adapter) for adapter in stacked.present)
@@ -99,7 +101,7 @@ class LoraRows:
             self._stacks.move_to_end(key)
         layers = kept.layers
         if name not in layers:
-            layers[name] = _stack(name, features, stacked.present, like)
+            layers[name] = _stack(name, features, stacked, like)
         return layers[name]
 
 
@@ -117,42 +119,51 @@ def group_rows(
 def stack_rows(
     adapters: Sequence[LoraWeightsLike | None], present: Sequence[LoraWeightsLike], device: torch.device
 ) -> StackedRows | None:
-    """Each row's place among the adapters `present`, when there are several; None with one or none."""
+    """Each row's part of the adapters `present` stacked, when there are several; None with one or none."""
     if len(present) < 2:
         return None
-    places = {id(adapter): i + 1 for i, adapter in enumerate(present)}
-    slots = torch.tensor([0 if adapter is None else places[id(adapter)] for adapter in adapters], device=device)
-    scalings = [next(iter(adapter.pairs.values())).scaling for adapter in present]
+    firsts = [next(iter(adapter.pairs.values())) for adapter in present]  # one rank and scaling an adapter
+    rank = max(pair.a.shape[0] for pair in firsts)
+    places = {id(adapter): i for i, adapter in enumerate(present)}
+    mask = torch.zeros(len(adapters), 1, len(present) * rank, dtype=firsts[0].a.dtype)
+    for row, adapter in enumerate(adapters):
+        if adapter is not None:
+            place = places[id(adapter)] * rank
+            mask[row, 0, place : place + rank] = 1
+    scalings = [pair.scaling for pair in firsts]
     if len(set(scalings)) == 1:
-        return StackedRows(tuple(present), slots, scalings[0], None)
-    per_row = [0.0 if adapter is None else scalings[places[id(adapter)] - 1] for adapter in adapters]
+        return StackedRows(tuple(present), rank, mask.to(device), scalings[0], None)
+    per_row = [0.0 if adapter is None else scalings[places[id(adapter)]] for adapter in adapters]
     scales = torch.tensor(per_row, dtype=torch.float32, device=device)[:, None, None]
-    return StackedRows(tuple(present), slots, None, scales)
+    return StackedRows(tuple(present), rank, mask.to(device), None, scales)
 
 
 def _stack(
-    name: str, features: tuple[int, int], present: Sequence[LoraWeightsLike], like: torch.Tensor
+    name: str, features: tuple[int, int], rows: StackedRows, like: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     in_features, out_features = features
-    pairs = [adapter.pairs.get(name) for adapter in present]
-    rank = max((pair.a.shape[0] for pair in pairs if pair is not None), default=1)
-    a = like.new_zeros(1 + len(pairs), rank, in_features)
-    b = like.new_zeros(1 + len(pairs), out_features, rank)
-    for i, pair in enumerate(pairs, start=1):
+    rank = rows.rank
+    a = like.new_zeros(len(rows.present) * rank, in_features)
+    b = like.new_zeros(out_features, len(rows.present) * rank)
+    for i, adapter in enumerate(rows.present):
+        pair = adapter.pairs.get(name)
         if pair is not None:
-            a[i, : pair.a.shape[0]] = pair.a
-            b[i, :, : pair.b.shape[1]] = pair.b
+            a[i * rank : i * rank + pair.a.shape[0]] = pair.a
+            b[:, i * rank : i * rank + pair.b.shape[1]] = pair.b
     return a, b
 
 
 def add_stacked_lora(
     out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: StackedRows
 ) -> torch.Tensor:
-    """`out` (`[rows, ..., out]`) with row `i`'s update added, `x[i] @ a[s].T @ b[s].T * scaling` for its slot `s`
-    (slot 0: zeros), in one batched product over all rows. In place; returns `out`."""
-    picked_a, picked_b = a.index_select(0, rows.slots), b.index_select(0, rows.slots)
+    """`out` (`[rows, ..., out]`) with row `i`'s update added, `x[i] @ a_i.T @ b_i.T * scaling` for its adapter's
+    pair, from the pairs of all adapters present side by side (`a` `[adapters * rank, in]`, `b` `[out, adapters *
+    rank]`): every row's low-rank product against all of them, then all but its own adapter's part masked to zero
+    before the second product. Each adapter's weights are read once a step. In place; returns `out`."""
     flat = x.reshape(x.shape[0], -1, x.shape[-1]).to(a.dtype)
-    update = torch.bmm(torch.bmm(flat, picked_a.transpose(1, 2)), picked_b.transpose(1, 2))
+    low = torch.nn.functional.linear(flat, a)
+    low.mul_(rows.mask)
+    update = torch.nn.functional.linear(low, b)
     update.mul_(rows.scales if rows.scales is not None else rows.scaling or 0.0)
     out.add_(update.view(out.shape).to(out.dtype))
     return out
@@ -162,9 +173,13 @@ def add_lora(out: torch.Tensor, x: torch.Tensor, groups: Sequence[tuple[torch.Te
     """`out` (the base layer's output, `[rows, ..., out]`) with each group's update added to its rows: for the rows
     `index` of a group, `x[index] @ a.T @ b.T * scaling` (`x` `[rows, ..., in]`). In place; returns `out`."""
     for index, pair in groups:
-        picked = x.index_select(0, index).to(pair.a.dtype)
+        every_row = index.shape[0] == x.shape[0]  # indices are distinct: the group is the whole batch, in order
+        picked = (x if every_row else x.index_select(0, index)).to(pair.a.dtype)
         update = torch.nn.functional.linear(torch.nn.functional.linear(picked, pair.a), pair.b) * pair.scaling
-        out.index_add_(0, index, update.to(out.dtype))
+        if every_row:
+            out.add_(update.to(out.dtype))
+        else:
+            out.index_add_(0, index, update.to(out.dtype))
     return out
 
 
