@@ -10,11 +10,11 @@ import sys
 
 from pydantic_settings import CliApp
 
-from transformers_openai.settings import Settings
+from transformers_openai.settings import Settings, joined_lora_modules
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = joined_lora_modules(sys.argv[1:] if argv is None else argv)
     settings = CliApp.run(Settings, cli_args=args)
     from transformers_openai.server import run
 

@@ -42,6 +42,7 @@ from transformers_openai.embedding_loader import (
 from transformers_openai.engine.async_engine import AsyncEngine
 from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.intra_op_threads import cpu_threads, engine_threads
+from transformers_openai.engine.lora_adapters import LoraAdapters, LoraLimits
 from transformers_openai.engine.scheduler import Scheduler
 from transformers_openai.engine.speculative.config import SpeculativeConfig
 from transformers_openai.engine.speculative.speculator import Speculator
@@ -362,6 +363,7 @@ def _generation_context(
     rows = settings.batch_rows(kind)
     runner, speech_runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
     phases.done("K/V cache")
+    adapters = _lora_adapters(settings, kind, runner, model)
     on_compiled = observer.on_decode_step_compiled if isinstance(observer, Metrics) else None
     prepared = runner.prepare(_acceleration(settings, model, quantization, leader, ranks, kv_space, on_compiled))
     for done in prepared.done:
@@ -398,7 +400,26 @@ def _generation_context(
     if speech_runner is not None:
         speech = _speech_model(settings, model, tokenizer, SpeechCalls(engine, speech_runner), observer)
     limits = (max_len, max_input_len, scheduler.capacity)
-    return _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+    context = _serving_context(settings, kind, tokenizer, engine, limits, speech, quantization, phases)
+    return replace(context, adapters=adapters)
+
+
+def _lora_adapters(settings: Settings, kind: str, runner: Any, model: PreTrainedModel) -> LoraAdapters | None:
+    """The LoRA adapters served beside a decoder (--lora-modules, read now: one that cannot be served fails the
+    start), or None when none may be (no --lora-modules nor --allow-runtime-lora)."""
+    if not settings.lora_modules and not settings.allow_runtime_lora:
+        return None
+    if kind != "causal-lm" or not isinstance(runner, CausalLMRunner):
+        raise ValueError(f"LoRA adapters are served on decoder-only models, not on a {kind} model")
+    if settings.allow_runtime_lora and not settings.lora_dir:
+        raise ValueError("--allow-runtime-lora loads adapters from under --lora-dir only: give one")
+    dirs = tuple(Path(folder) for folder in settings.lora_dir) if settings.allow_runtime_lora else None
+    limits = LoraLimits(settings.max_loras, settings.max_lora_rank, dirs)
+    adapters = LoraAdapters(settings.model_name, runner.serve_adapters(), model.dtype, model.device, limits)
+    for name, path in settings.lora_paths.items():
+        adapter = adapters.load(name, path)
+        logger.info("LoRA adapter '%s' (rank %d, %d layers) from %s", name, adapter.rank, len(adapter.pairs), path)
+    return adapters
 
 
 def _processor(model: str) -> Any:

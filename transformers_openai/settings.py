@@ -157,6 +157,23 @@ class Settings(BaseSettings):
         "row).",
     )
     max_queue: int = Field(64, ge=0, description="Most requests waiting beyond the running batch; more get 429.")
+    lora_modules: CommaList = Field(
+        default_factory=list,
+        description="LoRA adapters (PEFT directories) served beside a decoder model from the start, as name=path "
+        "(comma-separated or repeated); a request picks one by its name in `model`, and requests with different "
+        "adapters and none share one batch. Steps then run eagerly (no compiled decode step, no CUDA graphs).",
+    )
+    max_loras: int = Field(4, ge=1, description="Most LoRA adapters resident at once; a load beyond gets 400.")
+    max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank accepted; an adapter above it is refused.")
+    allow_runtime_lora: bool = Field(
+        False,
+        description="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind the API key), loading "
+        "adapters only from under --lora-dir.",
+    )
+    lora_dir: CommaList = Field(
+        default_factory=list,
+        description="Directories run-time LoRA loads may read from (comma-separated); paths elsewhere are refused.",
+    )
     max_prefill_tokens: int = Field(
         4096,
         ge=1,
@@ -412,6 +429,8 @@ class Settings(BaseSettings):
         "allowed_headers",
         "allowed_hosts",
         "allowed_media_domains",
+        "lora_modules",
+        "lora_dir",
         mode="before",
     )
     @classmethod
@@ -432,6 +451,36 @@ class Settings(BaseSettings):
             raise ValueError("the API key setting names no key (only commas and spaces): give a key, or leave it unset")
         return value
 
+    @field_validator("lora_modules")
+    @classmethod
+    def _name_equals_path(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name, equals, path = item.partition("=")
+            if not equals or not name.strip() or not path.strip():
+                raise ValueError(f"--lora-modules / LORA_MODULES: '{item}' is not name=path")
+        return value
+
+    @property
+    def lora_paths(self) -> dict[str, Path]:
+        """--lora-modules by name."""
+        pairs = (item.partition("=") for item in self.lora_modules)
+        return {name.strip(): Path(path.strip()) for name, _, path in pairs}
+
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def joined_lora_modules(args: list[str]) -> list[str]:
+    """vLLM's form `--lora-modules a=PATH b=PATH` (several values after one flag) as `--lora-modules a=PATH,b=PATH`,
+    which the settings' parser reads."""
+    joined: list[str] = []
+    for arg in args:
+        previous = joined[-2:]
+        after_flag = previous[:1] == ["--lora-modules"] and len(previous) == 2
+        after_flag = after_flag or (previous != [] and previous[-1].startswith("--lora-modules="))
+        if after_flag and "=" in arg and not arg.startswith("-"):
+            joined[-1] = f"{joined[-1]},{arg}"
+        else:
+            joined.append(arg)
+    return joined

@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "whisper-int8": ("whisper_int8_bench", "Whisper transcription: our int8 server against faster-whisper"),
     "neighbour": ("busy_neighbour", "running servers' output beside a process spinning on one core, and after"),
     "random-model": ("random_model", "a random-weight model of a given shape, for GPU measurements"),
+    "lora-adapters": ("lora_adapters", "random LoRA adapters in PEFT's format, to serve with `run --models`"),
 }
 
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,11 @@ class RequestSpec:
     temperature: float = 0.0
     ignore_eos: bool = True
     clips: tuple[Clip, ...] = ()
+    models: tuple[str, ...] = ()  # when given, request `i` names `models[i % len(models)]` (e.g. LoRA adapters)
+
+    def for_request(self, index: int) -> RequestSpec:
+        """The spec of request `index`: its own `model` when the run goes round several."""
+        return replace(self, model=self.models[index % len(self.models)]) if self.models else self
 
     @property
     def path(self) -> str:

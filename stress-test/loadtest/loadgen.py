@@ -103,7 +103,7 @@ async def warm_up(args: argparse.Namespace, base_url: str, spec: RequestSpec) ->
         return
     async with http_client(args, httpx.Limits(max_connections=2)) as client:
         records = [
-            await send(client, base_url, spec, pick_prompt(i, spec.prompts), args.request_timeout)
+            await send(client, base_url, spec.for_request(i), pick_prompt(i, spec.prompts), args.request_timeout)
             for i in range(args.warmup)
         ]
     if not any(r.ok for r in records):
@@ -229,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--model-name", help="`model` to send (default: first id of GET /v1/models)")
     srv.add_argument(
+        "--models",
+        type=lambda text: [name for name in text.split(",") if name],
+        help="round-robin `model` over these names, e.g. LoRA adapters a,b,c,d (overrides --model-name)",
+    )
+    srv.add_argument(
         "--api-key", default=os.environ.get("STRESS_API_KEY"), help="Bearer key (default: $STRESS_API_KEY)"
     )
     srv.add_argument("--torch-threads", type=int, help="spawned server: --torch-threads and OMP_NUM_THREADS")
@@ -274,7 +279,8 @@ async def run_all(args: argparse.Namespace, base_url: str, deadline: float) -> t
     """Sweep all levels against base_url; the JSON report and the levels' records."""
     model = args.model_name or served_model(base_url, shown_path(args.model), args.allow_remote)
     clips = load_clips(args.audio_dir) if args.workload == "transcription" else ()
-    spec = RequestSpec(args.workload, model, args.max_tokens, args.temperature, args.ignore_eos, clips)
+    models = tuple(args.models or ())
+    spec = RequestSpec(args.workload, model, args.max_tokens, args.temperature, args.ignore_eos, clips, models)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: UP017 - runs on 3.10
     machine = machine_info(args.url is None, args.torch_threads)  # before the load: its load average is others'
     levels = await sweep(args, base_url, spec, deadline)
@@ -283,6 +289,7 @@ async def run_all(args: argparse.Namespace, base_url: str, deadline: float) -> t
         "started": started,
         "mode": args.mode,
         "model": model,
+        "models": list(models),
         "server": {
             "url": base_url if is_loopback(base_url) else "(remote)",
             "version": server_version(base_url, args.allow_remote),

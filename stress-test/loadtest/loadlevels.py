@@ -63,7 +63,7 @@ class LevelRun:
         """Send one request; a cancelled one is still recorded (as "cancelled")."""
         try:
             prompt = pick_prompt(index, self.spec.prompts)
-            record = await send(self.client, self.base_url, self.spec, prompt, self.timeout_s)
+            record = await send(self.client, self.base_url, self.spec.for_request(index), prompt, self.timeout_s)
         except asyncio.CancelledError:
             self.records.append(RequestRecord("cancelled", start, self.elapsed() - start, detail="run time limit"))
             raise

@@ -122,6 +122,25 @@ def test_request_bodies_per_workload() -> None:
     assert loadclient.request_body(comp, "hi")["prompt"] == "hi" and comp.path == "/v1/completions"
 
 
+async def test_models_go_round_robin_over_the_requests() -> None:
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content)["model"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}], "usage": {"completion_tokens": 1}})
+
+    spec = loadclient.RequestSpec("chat", "base", 1, models=("a", "b", "c"))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        run = loadlevels.LevelRun(client, "http://fake", spec, 5.0, time.perf_counter() + 30, 5)
+        for _ in range(5):
+            await run.issue()
+    assert seen == ["a", "b", "c", "a", "b"]
+    assert loadgen.parse_args(["--concurrency", "1", "--url", "http://127.0.0.1:1", "--models", "a,b"]).models == [
+        "a",
+        "b",
+    ]
+
+
 def fake_server(reject_every: int = 0) -> httpx.MockTransport:
     """Streams three words and a usage chunk; every `reject_every`-th request gets a 429 instead."""
     counter = itertools.count(1)

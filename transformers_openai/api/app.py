@@ -14,6 +14,7 @@ from transformers_openai.api.body_limit import BodySizeLimit
 from transformers_openai.api.embedding_routes import build_embedding_router
 from transformers_openai.api.errors import install_error_handlers
 from transformers_openai.api.inflight import ByteBudget
+from transformers_openai.api.lora_routes import build_lora_router
 from transformers_openai.api.messages_routes import build_messages_router
 from transformers_openai.api.middleware import (
     AllowedHosts,
@@ -85,6 +86,7 @@ def create_app(
     messages = build_messages_router()
     batches = build_batch_router()
     realtime = build_realtime_router()
+    lora = build_lora_router()
     for prefix in ("/v1", ""):
         app.include_router(router, prefix=prefix)
         app.include_router(audio, prefix=prefix)
@@ -94,6 +96,7 @@ def create_app(
         app.include_router(messages, prefix=prefix)
         app.include_router(batches, prefix=prefix)
         app.include_router(realtime, prefix=prefix)
+        app.include_router(lora, prefix=prefix)
     app.include_router(build_cohere_v2_router())
     app.include_router(build_ops_router())
     # Added innermost first. The Host check runs before anything else answers; CORS answers preflights before auth;

@@ -195,13 +195,16 @@ def build_router() -> APIRouter:
 
     @_get(router, "/models", responses=_ERRORS)
     async def list_models(request: Request) -> ModelList:
-        return ModelList(data=[_model_card(_state(request))])
+        state = _state(request)
+        return ModelList(data=[_model_card(state), *state.context().adapter_cards()])
 
     @_get(router, "/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
-        state.context().check_model(model_id)
-        return _model_card(state)
+        context = state.context()
+        context.check_model(model_id)
+        cards = [card for card in context.adapter_cards() if card.id == model_id]
+        return cards[0] if cards else _model_card(state)
 
     return router
 

@@ -362,7 +362,8 @@ class EngineCore:
         drafts = drafts or {}
         while by_slot:
             rows = [
-                DecodeRow(slot, _table(seq), seq.output_ids[-1], drafts.get(slot, ())) for slot, seq in by_slot.items()
+                DecodeRow(slot, _table(seq), seq.output_ids[-1], drafts.get(slot, ()), seq.request.lora)
+                for slot, seq in by_slot.items()
             ]
             try:
                 decoded = self._execute(rows)
@@ -413,7 +414,7 @@ class EngineCore:
         if not seqs or not self.kv.grow(tables):
             return None
         rows = [
-            DecodeRow(_slot(seq), table, fed[id(seq)] if id(seq) in fed else seq.output_ids[-1])
+            DecodeRow(_slot(seq), table, fed[id(seq)] if id(seq) in fed else seq.output_ids[-1], lora=seq.request.lora)
             for seq, table in zip(seqs, tables, strict=True)
         ]
         try:

@@ -56,11 +56,15 @@ class KVManager:
 
     def _prefix_seed(self, job: PrefillJob) -> bytes | None:
         """Where a job's chain of block digests starts: a prompt with images starts from their digest, so the same
-        tokens with other images never share blocks, and the same images and tokens do."""
+        tokens with other images never share blocks, and the same images and tokens do; likewise a prompt run with a
+        LoRA adapter starts from that adapter's key, so blocks are never shared across adapters."""
+        seed = self._seed
+        if seed is None:
+            return None
+        if job.lora is not None:
+            seed += b"lora:" + job.lora.key.encode() + b"\0"
         images = job.encoder_inputs.get("image_digest")
-        if self._seed is None or not isinstance(images, str):
-            return self._seed
-        return self._seed + images.encode()
+        return seed + images.encode() if isinstance(images, str) else seed
 
     def grow(self, tables: Iterable[BlockTable]) -> bool:
         """Room for one more token in each of the running rows' `tables`; False (nothing taken) when the pool is

@@ -10,6 +10,7 @@ import torch
 
 from transformers_openai.runners.base import PrefillRow
 from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.lora.adapter import LoraAdapter
 
 # A scored prompt goes in in chunks of at most this many tokens, so the logits of all its positions stay small.
 SCORED_CHUNK_TOKENS = 512
@@ -39,6 +40,7 @@ class PrefillJob:
     prompt_scores: list[PromptScore] = field(default_factory=list)
     # The request's block table, given by the engine's K/V manager at admission and held until the request leaves.
     kv: BlockTable | None = None
+    lora: LoraAdapter | None = None  # the request's LoRA adapter: its rows run with it, its blocks are its own
 
     @property
     def remaining(self) -> int:
@@ -61,7 +63,8 @@ class PrefillJob:
         start, end = self.done, min(len(self.decoder_prompt), self.done + take)
         tokens = self.decoder_prompt[start:end]
         last = end == len(self.decoder_prompt)
-        return PrefillRow(slot, self.table, tokens, last, scoring, self.encoder_inputs, self.decoder_prompt)
+        prompt = self.decoder_prompt
+        return PrefillRow(slot, self.table, tokens, last, scoring, self.encoder_inputs, prompt, self.lora)
 
     def took(self, row: PrefillRow, logits: torch.Tensor | None, info: Mapping[str, float]) -> torch.Tensor | None:
         """Records a row the runner executed; returns the next-token logits `[vocab]` once the prompt is all in."""

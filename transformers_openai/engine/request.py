@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from transformers_openai.engine.sampling_params import SamplingParams
+from transformers_openai.runners.lora.adapter import LoraAdapter
 
 
 class FinishReason(str, enum.Enum):
@@ -63,6 +64,8 @@ class EngineRequest:
             transcription): admitted even at capacity, ahead of the queue, so a long job never gets a 429 half-way.
         priority: lower is served first (vLLM's): waiting requests are admitted by (priority, arrival), and when
             K/V memory runs out the running request with the largest (priority, arrival) is preempted first.
+        lora: the adapter it is served with, held by the request itself (kept across preemption, and while it runs
+            even once unloaded).
     """
 
     request_id: str
@@ -72,6 +75,7 @@ class EngineRequest:
     continuation: bool = False
     constraint: TokenConstraint | None = None  # which tokens may come next (structured output); this request's own
     priority: int = 0
+    lora: LoraAdapter | None = None  # the LoRA adapter its rows run with (None: the base model alone)
 
     @property
     def prompt_tokens(self) -> int:

@@ -89,7 +89,10 @@ class Sequence:
         self, prompt: list[int], prompt_logprobs: int | None = None, info: dict[str, float] | None = None
     ) -> PrefillJob:
         decoder_prompt = prompt if self._decoder_prompt_of is None else self._decoder_prompt_of(prompt)
-        return PrefillJob(decoder_prompt, self.request.encoder_inputs, info=info or {}, prompt_logprobs=prompt_logprobs)
+        request = self.request
+        return PrefillJob(
+            decoder_prompt, request.encoder_inputs, info=info or {}, prompt_logprobs=prompt_logprobs, lora=request.lora
+        )
 
     def append(self, token_id: int, logprob: tuple[float, list[tuple[int, float]]] | None) -> RequestOutput:
         """Records a sampled token and returns the output increment it produces."""

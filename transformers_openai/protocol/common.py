@@ -43,6 +43,9 @@ class ModelCard(BaseModel):
     quantization: str | None = None  # how the served weights are quantized ("none" when they are not)
     # What the model reads ("text", "image", "audio"), as vLLM's and OpenRouter's model cards say it.
     input_modalities: list[str] | None = None
+    # A LoRA adapter's card: where it was read from and the model it adapts (vLLM's fields).
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):

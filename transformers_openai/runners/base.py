@@ -16,6 +16,7 @@ import torch
 from numpy.typing import NDArray
 
 from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.lora.layers import LoraWeightsLike
 
 if TYPE_CHECKING:  # the engine imports this module: not the model code behind the executors
     from transformers_openai.runners.steps.paged_step import StepExecutor
@@ -105,6 +106,7 @@ class PrefillRow:
     score: bool = False
     encoder_inputs: Mapping[str, Any] = field(default_factory=dict)
     prompt: Sequence[int] = ()
+    lora: LoraWeightsLike | None = None  # the row's LoRA adapter, None for the base model alone
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class DecodeRow:
     table: BlockTable
     token: int
     draft: tuple[int, ...] = ()
+    lora: LoraWeightsLike | None = None  # the row's LoRA adapter, None for the base model alone
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.kernels.paged_attention import use_paged_attention
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace
+from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, wrap_linear_layers
 from transformers_openai.runners.prefill_groups import length_groups
 from transformers_openai.runners.steps.background_steps import BackgroundSteps
 from transformers_openai.runners.steps.fixed_steps import FixedSteps
@@ -63,14 +65,34 @@ class CausalLMRunner:
         self.executor: StepExecutor = PagedStep(model, self._pool.cache, grouped)
         self.fixed: FixedSteps | None = None  # steps of fixed shapes (`fix_steps`)
         self._background: BackgroundSteps | None = None  # compiled steps on their way (`compile_in_background`)
+        self.lora: LoraRows | None = None  # rows' LoRA adapters (`serve_adapters`)
+
+    def serve_adapters(self) -> dict[str, tuple[int, int]]:
+        """From now on each row may run with its own LoRA adapter (`PrefillRow.lora`, `DecodeRow.lora`): the linear
+        layers of the model's blocks are wrapped to add each adapter's update to its rows. Returns the layers an
+        adapter may target, (in, out) features by name. Call it before `prepare`: steps then run eagerly (fixed and
+        compiled steps do not carry adapters)."""
+        self.lora, shapes = wrap_linear_layers(self.model)
+        return shapes
+
+    def _adapters(self, adapters: Sequence[LoraWeightsLike | None]) -> AbstractContextManager[None]:
+        """The forwards run inside apply `adapters[i]` to row `i`."""
+        if self.lora is None:
+            return nullcontext()
+        return self.lora.using(adapters, self.device)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         """Tensor parallelism first (the executor runs each step on every rank), then CUDA graphs, or on a CPU the
         compiled decode step (plain causal attention run by this process alone: see `fix_steps`)."""
+        if self.lora is not None and acceleration.distribute is not None:
+            raise ValueError("LoRA adapters are not served under tensor parallelism")
         if acceleration.distribute is not None:
             self.executor = acceleration.distribute(self.executor)
         elif acceleration.kernels and quantizes_activations(self.model):
             self.attend_per_query(acceleration.store)
+        if self.lora is not None:
+            logger.info("LoRA adapters: steps run eagerly (no compiled decode step, no CUDA graphs)")
+            return Prepared()
         if acceleration.graphs and self.fix_steps(graphs=True):
             return Prepared(("CUDA graphs",), asynchronous=True)
         elsewhere, store = acceleration.compile_elsewhere, acceleration.store
@@ -201,7 +223,8 @@ class CausalLMRunner:
         if self._background is not None:
             self._swap_steps()
         if step.probe:  # writes the rows' next slots, which nothing records: the next real step overwrites them
-            self._step([(row.table, [row.token]) for row in step.decodes], keep=1)
+            with self._adapters([row.lora for row in step.decodes]):
+                self._step([(row.table, [row.token]) for row in step.decodes], keep=1)
             return StepOutput()
         prefills = self._prefill(step.prefills) if step.prefills else []
         if not step.decodes:
@@ -216,19 +239,20 @@ class CausalLMRunner:
         alone: list[int] = []
         # Each distinct prompt taken whole -> the rows that have it: the same blocks held (a cached prefix), the same
         # tokens added.
-        same: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+        same: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
         block_size = self.spec.kv_pool.block_size
         for i, row in enumerate(rows):
             if row.last and not row.score and row.tokens:
                 held = tuple(row.table.blocks[: -(-row.table.length // block_size)])
-                same.setdefault((held, tuple(row.tokens)), []).append(i)
+                same.setdefault((held, tuple(row.tokens), id(row.lora)), []).append(i)
             else:
                 alone.append(i)
         keys = list(same)
-        for group in length_groups([len(tokens) for _, tokens in keys], self.max_padding):
+        for group in length_groups([len(tokens) for _, tokens, _ in keys], self.max_padding):
             firsts = [rows[same[keys[g]][0]] for g in group]
             try:
-                logits = self._forward([(row.table, row.tokens) for row in firsts], keep=1)
+                with self._adapters([row.lora for row in firsts]):
+                    logits = self._forward([(row.table, row.tokens) for row in firsts], keep=1)
             except Exception:  # one prompt may be at fault: each of them alone, failing alone
                 alone.extend(i for g in group for i in same[keys[g]])
                 continue
@@ -244,7 +268,9 @@ class CausalLMRunner:
         for i in alone:
             row = rows[i]
             try:
-                outcomes[i] = PrefillOutput(self._forward([(row.table, row.tokens)], keep=0 if row.score else 1)[0])
+                with self._adapters([row.lora]):
+                    logits = self._forward([(row.table, row.tokens)], keep=0 if row.score else 1)
+                outcomes[i] = PrefillOutput(logits[0])
             except Exception as exc:  # that row's failure only
                 outcomes[i] = exc
         return [outcome if outcome is not None else RuntimeError("row not run") for outcome in outcomes]
@@ -262,13 +288,14 @@ class CausalLMRunner:
 
     def _decode(self, rows: Sequence[DecodeRow]) -> tuple[list[int], torch.Tensor]:
         order = [row.slot for row in rows]
-        if any(row.draft for row in rows):
-            return order, self._verify(rows)
-        held = [row.table for row in rows]
-        tokens = [row.token for row in rows]
-        logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
-        if logits is None:  # no fixed steps, or this one is wider than they take
-            logits = self._step([(row.table, [row.token]) for row in rows], keep=1)[:, -1].float()
+        with self._adapters([row.lora for row in rows]):
+            if any(row.draft for row in rows):
+                return order, self._verify(rows)
+            held = [row.table for row in rows]
+            tokens = [row.token for row in rows]
+            logits = None if self.fixed is None else self.fixed.decode(order, held, tokens)
+            if logits is None:  # no fixed steps, or this one is wider than they take
+                logits = self._step([(row.table, [row.token]) for row in rows], keep=1)[:, -1].float()
         return order, logits
 
     def _verify(self, rows: Sequence[DecodeRow]) -> torch.Tensor:

@@ -181,6 +181,9 @@ class GenerationHandler(Generic[RequestT]):
     ) -> tuple[list[Choice], list[EngineRequest]]:
         choices: list[Choice] = []
         engine_requests: list[EngineRequest] = []
+        lora = self.ctx.adapter(request.model)  # the adapter it names, held by its engine requests
+        if lora is None:
+            self.ctx.check_model(request.model)  # an adapter unloaded since the request came: a 404 still
         for p, prompt in enumerate(prompts):
             max_tokens = self._max_tokens(request, len(prompt.token_ids))
             params = self.sampling_params(request, max_tokens)
@@ -192,7 +195,7 @@ class GenerationHandler(Generic[RequestT]):
                 choices.append(Choice(index=index, prompt=prompt))
                 constraint = constraints[index] if constraints else None
                 engine_request = self._engine_request(f"{base_id}-{index}", prompt, choice_params, constraint)
-                engine_requests.append(replace(engine_request, priority=request.priority))
+                engine_requests.append(replace(engine_request, priority=request.priority, lora=lora))
         return choices, engine_requests
 
     def _engine_request(

@@ -10,7 +10,9 @@ from typing import Any, Protocol
 from numpy.typing import NDArray
 
 from transformers_openai.engine.embedding_engine import TokenPair
+from transformers_openai.engine.lora_adapters import LoraAdapter, LoraAdapters
 from transformers_openai.engine.request import EngineRequest, RequestOutput
+from transformers_openai.protocol.common import ModelCard
 from transformers_openai.serving.errors import BadRequestError, ModelNotFoundError
 from transformers_openai.serving.prompt_limits import PromptLimits
 from transformers_openai.serving.speech.whisper_tokens import WhisperTokens
@@ -174,6 +176,7 @@ class ServingContext:
     # response_schema), and the chat template's variables for every request (a request's own override them).
     reasoning_parser: str = "none"
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    adapters: LoraAdapters | None = None  # a decoder's LoRA adapters, requested by their names (--lora-modules)
 
     def image_prompts(self) -> VisionPrompts:
         """The model's prompts with images; a 400 naming the messages for a model that reads none."""
@@ -181,7 +184,26 @@ class ServingContext:
             raise BadRequestError(f"the model '{self.model_name}' does not read images", param="messages")
         return self.vision
 
+    def serves(self, name: str) -> bool:
+        """Whether a request may name `name`: the served model (its served name or its path) or a resident adapter."""
+        return name in self.model_aliases or self.adapter(name) is not None
+
     def check_model(self, name: str) -> None:
-        """A request must name the served model (its served name or its path): anything else is a 404."""
-        if name not in self.model_aliases:
+        """A request must name what this server serves (`serves`): anything else is a 404."""
+        if not self.serves(name):
             raise ModelNotFoundError(f"the model '{name}' does not exist", param="model")
+
+    def adapter(self, name: str | None) -> LoraAdapter | None:
+        """The resident LoRA adapter a request names, None for the base model (or a name that is no adapter)."""
+        if self.adapters is None or name is None or name in self.model_aliases:
+            return None
+        return self.adapters.get(name)
+
+    def adapter_cards(self) -> list[ModelCard]:
+        """The resident adapters as /v1/models lists them: each with its base model as `parent`, its path as `root`."""
+        if self.adapters is None:
+            return []
+        return [
+            ModelCard(id=adapter.name, root=str(adapter.path), parent=self.model_name, max_model_len=self.max_model_len)
+            for adapter in self.adapters.resident()
+        ]

@@ -1,0 +1,46 @@
+"""Random LoRA adapters in PEFT's format for a decoder model, to measure serving them (`loadtest run --models`).
+
+    loadtest lora-adapters --model .cache/models/smollm2-135m-instruct --out results/loras --count 4 --rank 16
+
+writes `<out>/lora-0` ... `<out>/lora-3`, each targeting every attention and MLP projection with random weights
+(seeded by its index), and prints the `--lora-modules` value that serves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(model_dir: Path, dest: Path, seed: int, rank: int) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in peft.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    peft.save_pretrained(str(dest))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="the base model's directory")
+    parser.add_argument("--out", type=Path, required=True, help="where the adapters' directories go")
+    parser.add_argument("--count", type=int, default=4, help="adapters to make (default: %(default)s)")
+    parser.add_argument("--rank", type=int, default=16, help="their rank (default: %(default)s)")
+    args = parser.parse_args(argv)
+    modules = []
+    for index in range(args.count):
+        dest = args.out / f"lora-{index}"
+        if not (dest / "adapter_config.json").exists():
+            make_adapter(args.model, dest, seed=index + 1, rank=args.rank)
+        modules.append(f"lora-{index}={dest}")
+    print(",".join(modules))
+    return 0
