@@ -43,6 +43,8 @@ class ModelCard(BaseModel):
     quantization: str | None = None  # how the served weights are quantized ("none" when they are not)
     # What the model reads ("text", "image", "audio"), as vLLM's and OpenRouter's model cards say it.
     input_modalities: list[str] | None = None
+    # Whether the model is in memory now: loaded, loading, unloaded (loaded on the first request naming it) or failed.
+    state: Literal["loaded", "loading", "unloaded", "failed"] | None = None
 
 
 class ModelList(BaseModel):

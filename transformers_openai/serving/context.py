@@ -181,7 +181,12 @@ class ServingContext:
             raise BadRequestError(f"the model '{self.model_name}' does not read images", param="messages")
         return self.vision
 
+    def serves(self, name: str) -> bool:
+        """Whether a request naming `name` is this model's (its served name or its path); the registry of a server
+        with several models asks each loaded one."""
+        return name in self.model_aliases
+
     def check_model(self, name: str) -> None:
         """A request must name the served model (its served name or its path): anything else is a 404."""
-        if name not in self.model_aliases:
+        if not self.serves(name):
             raise ModelNotFoundError(f"the model '{name}' does not exist", param="model")
