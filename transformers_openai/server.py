@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -91,6 +92,11 @@ def _load(settings: Settings, metrics: Metrics, leader: Leader | None) -> Servin
 def run(settings: Settings, argv: Sequence[str] = ()) -> int:
     """Serves until a signal ends it; returns the exit code. `argv`: the command's arguments, which the other ranks
     of a tensor-parallel server get too."""
+    try:
+        listed = served_models(settings)
+    except ValueError as exc:  # --models / --models-config: said plainly, before anything starts
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     leader: Leader | None = None
     if settings.tensor_parallel_size > 1:
         # Imported only here: they import torch.distributed and transformers, which a plain server loads later.
@@ -111,7 +117,6 @@ def run(settings: Settings, argv: Sequence[str] = ()) -> int:
         failed = True
         os.kill(os.getpid(), signal.SIGINT)  # let uvicorn shut down cleanly, then exit non-zero
 
-    listed = served_models(settings)
     metrics = Metrics(listed[0].model_name, compat=settings.metrics_compat)
     sources = [
         ModelSource(

@@ -187,3 +187,28 @@ async def test_a_failed_load_leaves_the_other_models_serving(hf_tokenizer: Any) 
         assert (await client.post(CHAT, json=_chat("alpha"))).status_code == 200
         served.broken.clear()  # fixed on disk: the next request loads it
         assert (await client.post(CHAT, json=_chat("beta"))).status_code == 200
+
+
+BODIES: dict[str, dict[str, Any]] = {
+    CHAT: {"messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/embeddings": {"input": "Hi"},
+    "/v1/tokenize": {"prompt": "Hi"},
+    "/v1/messages": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+}
+
+
+async def test_bad_model_fields_get_clear_errors(hf_tokenizer: Any) -> None:
+    served = Served(hf_tokenizer)
+    async with running(served.app(RegistryPolicy(load_on_demand=True))) as client:
+        for model, status in ((123, 400), (None, 400), (["alpha"], 400), ({"id": "alpha"}, 400), ("", 404)):
+            for path, fields in BODIES.items():
+                response = await client.post(path, json={"model": model, **fields})
+                if path == "/v1/tokenize" and model is None:
+                    continue  # tokenize's model is optional: the first listed answers
+                assert response.status_code == status, (path, model, response.text)
+        long_name = "m" * 100_000
+        error = assert_error(await client.post(CHAT, json=_chat(long_name)), 404, code="model_not_found")
+        assert long_name in error["message"]
+        no_model = await client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")})
+        assert_error(no_model, 400)
+        assert served.loads["beta"] == 0  # no bad request loaded a model it did not name

@@ -266,6 +266,7 @@ class ModelRegistry:
             await self._unload(victim)
 
     async def _unload(self, slot: ModelSlot) -> None:
+        before = resident_bytes()
         context = slot.context
         slot.state, slot.context, slot.handlers = ModelState.UNLOADED, None, None
         if context is not None:
@@ -275,6 +276,9 @@ class ModelRegistry:
             slot.source.metrics.on_model_unloaded()
         gc.collect()
         self._trim()
+        logger.info(
+            "unloaded %s: resident memory %.0f -> %.0f MiB", slot.name, before / 2**20, resident_bytes() / 2**20
+        )
 
     async def _unload_idle(self, idle_s: float) -> None:
         """Unloads every model that no request has used for `idle_s` seconds, checking a few times per period."""

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from transformers_openai.api.handlers import Handlers
 from transformers_openai.api.models_registry import Loader, ModelRegistry, ModelSlot, ModelState
-from transformers_openai.protocol import ModelCard
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.serving.errors import ServiceUnavailableError
 
@@ -90,7 +89,3 @@ class AppState:
         if self.draining:
             raise ServiceUnavailableError(self.status_message())
         return await self.registry.acquire(name)
-
-    def model_card(self) -> ModelCard:
-        ctx = self.context()
-        return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len, quantization=ctx.quantization)
