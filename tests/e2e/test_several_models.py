@@ -18,15 +18,23 @@ IDLE_S = 5
 
 
 @pytest.fixture(scope="module")
-def several(tiny_llama_dir: Path, minilm_dir: Path, whisper_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    """tiny-llama (test-model), MiniLM (minilm) and Whisper tiny.en (whisper), none loaded at start; the budget holds
-    the decoder beside either of the others, never MiniLM and Whisper together."""
+def several(
+    tiny_llama_dir: Path,
+    minilm_dir: Path,
+    whisper_dir: Path,
+    server_logs: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServerProcess]:
+    """tiny-llama (test-model, --model), MiniLM (minilm, --models) and Whisper tiny.en (whisper, --models-config), none
+    loaded at start; the budget holds the decoder beside either of the others, never MiniLM and Whisper together."""
     budget = weights_bytes(str(minilm_dir)) + weights_bytes(str(whisper_dir)) - 1
     assert weights_bytes(str(tiny_llama_dir)) < weights_bytes(str(minilm_dir))
+    config = tmp_path_factory.mktemp("models") / "models.yaml"
+    config.write_text(f"- model: {whisper_dir}\n  served_model_name: whisper\n  max_batch_size: 2\n")
     server = start_server(
         tiny_llama_dir,
         server_logs,
-        *("--models", f"minilm={minilm_dir}", "--models", f"whisper={whisper_dir}"),
+        *("--models", f"minilm={minilm_dir}", "--models-config", str(config)),
         *("--load-on-demand", "--idle-unload-seconds", str(IDLE_S), "--models-memory-budget", str(budget)),
         *("--no-cpu-compile", "--max-batch-size", "4"),
     )
