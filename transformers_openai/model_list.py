@@ -58,7 +58,9 @@ def read_models_config(path: Path) -> list[dict[str, Any]]:
     try:
         entries = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--models-config {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+        raise ValueError(
+            f"--models-config {path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}"
+        ) from None
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise ValueError(f"--models-config {path} must hold a list of objects, one per model")
     for index, entry in enumerate(entries):
