@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from transformers_openai.engine.stats import FinishedRequest, SpecCounts, StepStats
@@ -126,6 +128,29 @@ class Metrics:
         self.real_time_factor = histogram(
             "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
         )
+
+    def for_model(self, model_name: str) -> Metrics:
+        """The same metrics (one registry) as another served model observes and labels them: its own running totals
+        and load, its own `model_name` label."""
+        view = copy.copy(self)
+        view._model = model_name
+        view.load = dict.fromkeys(LOAD_GAUGES, 0.0)
+        view._prefix_seen = {"queries": 0, "hits": 0}
+        view._fallbacks_seen = 0
+        for load_gauge in (self.running, self.waiting, self.kv_usage, *self._compat.values()):
+            load_gauge.labels(model_name).set(0)
+        self.thread_fallbacks.labels(model_name)
+        self.decode_step_compiled.labels(model_name).set(0)
+        return view
+
+    def on_model_unloaded(self) -> None:
+        """The model's gauges back to 0 (its counters keep their totals): an unloaded model runs and holds nothing."""
+        for load_gauge in (self.running, self.waiting, self.kv_usage, *self._compat.values()):
+            load_gauge.labels(self._model).set(0)
+        self.load = dict.fromkeys(LOAD_GAUGES, 0.0)
+        for info in next(iter(self.model_info.collect())).samples:
+            if info.labels.get("model_name") == self._model:
+                self.model_info.labels(self._model, info.labels["kind"], info.labels["quantization"]).set(0)
 
     def on_model_loaded(self, kind: str, quantization: str) -> None:
         self.model_info.labels(self._model, kind, quantization).set(1)

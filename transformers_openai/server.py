@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -17,9 +18,11 @@ from sse_starlette.sse import AppStatus
 
 from transformers_openai.api.app import create_app
 from transformers_openai.api.http_protocol import ConnectionLimits, GuardedH11Protocol
+from transformers_openai.api.models_registry import ModelSource, RegistryPolicy
 from transformers_openai.api.state import AppState
 from transformers_openai.logs import setup_logging
 from transformers_openai.metrics import Metrics
+from transformers_openai.model_list import memory_budget, served_models, weights_bytes
 from transformers_openai.serving.context import ServingContext
 from transformers_openai.settings import Settings
 
@@ -77,9 +80,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True  # uvicorn waits for their responses (error events, [DONE]) to go out
 
 
+def _load(settings: Settings, metrics: Metrics, leader: Leader | None) -> ServingContext:
+    """One model's serving context, in the loading thread."""
+    # Imported here: transformers' model classes import every quantization library installed (torchao asks CUDA
+    # about itself as it is imported), which `--help` and importing this module need not pay for.
+    from transformers_openai.model_loader import load_serving_context
+
+    return load_serving_context(settings, metrics, leader)
+
+
 def run(settings: Settings, argv: Sequence[str] = ()) -> int:
     """Serves until a signal ends it; returns the exit code. `argv`: the command's arguments, which the other ranks
     of a tensor-parallel server get too."""
+    try:
+        listed = served_models(settings)
+    except ValueError as exc:  # --models / --models-config: said plainly, before anything starts
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     leader: Leader | None = None
     if settings.tensor_parallel_size > 1:
         # Imported only here: they import torch.distributed and transformers, which a plain server loads later.
@@ -100,17 +117,26 @@ def run(settings: Settings, argv: Sequence[str] = ()) -> int:
         failed = True
         os.kill(os.getpid(), signal.SIGINT)  # let uvicorn shut down cleanly, then exit non-zero
 
-    metrics = Metrics(settings.model_name, compat=settings.metrics_compat)
-
-    def load() -> ServingContext:
-        # Imported here, in the loading thread: transformers' model classes import every quantization library
-        # installed (torchao asks CUDA about itself as it is imported), which `--help` and importing this module
-        # need not pay for.
-        from transformers_openai.model_loader import load_serving_context
-
-        return load_serving_context(settings, metrics, leader)
-
-    app = create_app(settings, load, on_load_failure, metrics)
+    metrics = Metrics(listed[0].model_name, compat=settings.metrics_compat)
+    sources = [
+        ModelSource(
+            model.model_name,
+            frozenset({model.model_name, model.model}),
+            functools.partial(_load, model, observer, leader),
+            estimate_bytes=weights_bytes(model.model),
+            metrics=observer,
+        )
+        for model, observer in zip(
+            listed, [metrics, *(metrics.for_model(m.model_name) for m in listed[1:])], strict=True
+        )
+    ]
+    policy = RegistryPolicy(
+        budget_bytes=memory_budget(settings, len(listed)),
+        idle_unload_s=settings.idle_unload_seconds,
+        load_timeout_s=settings.model_load_timeout,
+        load_on_demand=settings.load_on_demand,
+    )
+    app = create_app(settings, sources[0].loader, on_load_failure, metrics, sources, policy)
     limits = ConnectionLimits(settings.header_timeout, settings.body_timeout, settings.max_connections)
     config = uvicorn.Config(
         app,

@@ -90,6 +90,40 @@ class Settings(BaseSettings):
         "elsewhere (without them int8 products ran 18-59x slower than float32).",
     )
     served_model_name: str | None = Field(None, description="Model id clients use; defaults to --model.")
+    models: CommaList = Field(
+        default_factory=list,
+        description="More models to serve beside --model, each as PATH or NAME=PATH (NAME: its served name); repeat "
+        "the flag or separate with commas. A request picks one by its `model` field; each has its own engine, K/V "
+        "pool and batch, with the other settings as given for the server.",
+    )
+    models_config: Path | None = Field(
+        None,
+        description="A JSON or YAML file listing more models to serve: a list of objects with `model` and any of "
+        "the per-model settings (served_model_name, model_kind, dtype, quantization, max_model_len, "
+        "kv_cache_memory, max_batch_size, chat_template, ...; see docs/options.md), which override the server's "
+        "for that model.",
+    )
+    load_on_demand: bool = Field(
+        False,
+        description="With several models: load each only when a request first names it (that request waits, up to "
+        "--model-load-timeout), instead of all at start.",
+    )
+    idle_unload_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Unload a model no request has used for this many seconds (its engine stopped, its memory "
+        "freed); the next request naming it loads it again. Unset: models stay loaded.",
+    )
+    models_memory_budget: float | None = Field(
+        None,
+        description="Bytes (or '12GiB') all loaded models may take together; a load that would pass it first "
+        "unloads the least recently used idle model, else it is refused (503). Default: 80% of the machine's RAM.",
+    )
+    model_load_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="How long a request waits for the model it names to load on demand before a 503 with Retry-After.",
+    )
     model_kind: ModelKind = Field(
         "auto",
         description="Model kind; auto detects it from the model's config (a *ForSequenceClassification "
@@ -415,7 +449,7 @@ class Settings(BaseSettings):
             return None
         return SpeculativeSettings.model_validate_json(self.speculative_config)
 
-    @field_validator("kv_cache_memory", mode="before")
+    @field_validator("kv_cache_memory", "models_memory_budget", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip() and value.strip()[-1].isalpha():
@@ -424,6 +458,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "api_keys",
+        "models",
         "allowed_origins",
         "allowed_methods",
         "allowed_headers",

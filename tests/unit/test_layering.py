@@ -126,6 +126,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "parallel": frozenset({"logs", "runners", "settings"}),
     "metrics": frozenset({"engine"}),
     "settings": frozenset({"quantization"}),
+    "model_list": frozenset({"settings"}),
     "quantization": frozenset({"int8_linear"}),
     "int8_linear": frozenset(),
     "packed_linear": frozenset(),

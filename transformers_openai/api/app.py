@@ -24,6 +24,8 @@ from transformers_openai.api.middleware import (
     ServerHeaders,
     allowed_hosts,
 )
+from transformers_openai.api.model_pick import ModelLeases, RoutedHandlers
+from transformers_openai.api.models_registry import ModelRegistry, ModelSlot, ModelSource, RegistryPolicy
 from transformers_openai.api.openapi import install_openapi
 from transformers_openai.api.realtime_routes import RealtimeSlots, build_realtime_router
 from transformers_openai.api.response_routes import build_responses_router
@@ -43,13 +45,18 @@ def create_app(
     loader: Loader,
     on_load_failure: Callable[[], None] | None = None,
     metrics: Metrics | None = None,
+    models: list[ModelSource] | None = None,
+    policy: RegistryPolicy | None = None,
 ) -> FastAPI:
-    """Builds the app. `loader` builds the serving context (model, tokenizer, engine) in a worker thread.
+    """Builds the app. `loader` builds the serving context (model, tokenizer, engine) in a worker thread; or with
+    `models`, each listed model's loader builds its own (loaded as `policy` says), and `loader` is not used.
 
     `metrics` should be the observer the loader gave the engine, so /metrics shows the engine's work.
     """
     metrics = metrics or Metrics(settings.model_name, compat=settings.metrics_compat)
-    state = AppState(loader, lambda context: metrics.on_model_loaded(context.model_kind, context.quantization))
+    sources = models or [ModelSource(settings.model_name, frozenset({settings.model_name}), loader, metrics=metrics)]
+    registry = ModelRegistry(sources, policy, on_loaded=_on_loaded)
+    state = AppState(registry)
 
     limits = BatchLimits(
         max_file_bytes=settings.max_batch_file_bytes,
@@ -57,7 +64,8 @@ def create_app(
         max_files=settings.max_batch_files,
         concurrency=settings.batch_concurrency,
     )
-    batch_api = BatchApi.under(settings.data_dir, limits, state.handlers)
+    batch_handlers = (lambda: RoutedHandlers(registry)) if registry.routed else state.handlers
+    batch_api = BatchApi.under(settings.data_dir, limits, batch_handlers)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +80,7 @@ def create_app(
     app = FastAPI(title="transformers-openai-api", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.state.batch_api = batch_api
+    app.state.batch_handlers = batch_handlers
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight_bytes = ByteBudget(settings.max_inflight_bytes)
@@ -104,6 +113,7 @@ def create_app(
     # An upload's form may hold the largest audio or batch file accepted plus its other fields.
     largest_file = max(settings.max_audio_bytes, settings.max_batch_file_bytes)
     form_bytes = max(settings.max_request_bytes, largest_file + _FORM_OVERHEAD_BYTES)
+    app.add_middleware(ModelLeases, registry=registry)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_request_bytes,
@@ -126,3 +136,9 @@ def create_app(
         )
     app.add_middleware(AllowedHosts, hosts=allowed_hosts(settings.allowed_hosts, settings.host))
     return app
+
+
+def _on_loaded(slot: ModelSlot) -> None:
+    """A model just loaded: its metrics say what it is."""
+    if slot.source.metrics is not None and slot.context is not None:
+        slot.source.metrics.on_model_loaded(slot.context.model_kind, slot.context.quantization)

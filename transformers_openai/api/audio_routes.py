@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 
+from transformers_openai.api.model_pick import model_handlers, model_metrics
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import respond
-from transformers_openai.api.state import AppState
 from transformers_openai.protocol.audio import (
     Granularity,
     ResponseFormat,
@@ -97,9 +97,8 @@ async def _serve(
     fields: dict[str, Any],
 ) -> Response:
     app = request.app
-    app.state.metrics.on_request("translations" if task == "translate" else "transcriptions")
-    state: AppState = app.state.serving
-    handler = state.handlers().transcriptions
+    handler = (await model_handlers(request, model)).transcriptions
+    model_metrics(request).on_request("translations" if task == "translate" else "transcriptions")
     try:
         _check_size(file, app.state.settings.max_audio_bytes)
         body = TranscriptionRequest(

@@ -9,7 +9,6 @@ from fastapi.responses import StreamingResponse
 
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.response_routes import owner_of_request
-from transformers_openai.api.state import AppState
 from transformers_openai.protocol.batches import (
     Batch,
     BatchCreateRequest,
@@ -65,8 +64,8 @@ def build_batch_router() -> APIRouter:
 
     @router.post("/batches", responses=_ERRORS)
     async def create_batch(body: BatchCreateRequest, request: Request) -> Batch:
-        state: AppState = request.app.state.serving
-        return await _api(request).batches.create(body, owner_of_request(request), state.handlers())
+        handlers = request.app.state.batch_handlers()
+        return await _api(request).batches.create(body, owner_of_request(request), handlers)
 
     @router.get("/batches", responses=_ERRORS)
     async def list_batches(request: Request, after: str | None = None, limit: int = Query(20)) -> BatchList:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from transformers_openai.api.model_pick import model_handlers, model_metrics
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import respond
-from transformers_openai.api.state import AppState
 from transformers_openai.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 
 
@@ -19,9 +19,8 @@ def build_embedding_router() -> APIRouter:
         response_model=None,
     )
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-        request.app.state.metrics.on_request("embeddings")
-        state: AppState = request.app.state.serving
-        handler = state.handlers().embeddings
+        handler = (await model_handlers(request, body.model)).embeddings
+        model_metrics(request).on_request("embeddings")
         return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
 
     return router

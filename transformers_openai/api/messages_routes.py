@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from transformers_openai.api.model_pick import model_handlers, model_metrics
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.routes import SSE_EVENT, json_body, respond
-from transformers_openai.api.state import AppState
+from transformers_openai.api.routes import SSE_EVENT, body_context, json_body, respond
 from transformers_openai.protocol.messages import (
     AnthropicErrorResponse,
     CountTokensRequest,
@@ -31,15 +31,13 @@ _CREATED: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _handler(request: Request) -> MessagesHandler:
-    state: AppState = request.app.state.serving
-    return state.handlers().messages
+async def _handler(request: Request, model: str | None) -> MessagesHandler:
+    return (await model_handlers(request, model)).messages
 
 
 async def _limits(request: Request) -> None:
     """Cheap limits on the raw body, before FastAPI validates it (its messages count as chat's)."""
-    state: AppState = request.app.state.serving
-    limits = state.context().prompt_limits
+    limits = (await body_context(request)).prompt_limits
     if limits is not None:
         limits.check_chat(await json_body(request))
 
@@ -49,14 +47,14 @@ def build_messages_router() -> APIRouter:
 
     @router.post("/messages", responses=_CREATED, response_model=None, dependencies=[Depends(_limits)])
     async def create_message(body: MessagesRequest, request: Request) -> Response:
-        handler = _handler(request)
-        request.app.state.metrics.on_request(handler.endpoint)
+        handler = await _handler(request, body.model)
+        model_metrics(request).on_request(handler.endpoint)
         return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
 
     @router.post("/messages/count_tokens", responses=_ERRORS, dependencies=[Depends(_limits)])
     async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
-        handler = _handler(request)
-        request.app.state.metrics.on_request("messages_count_tokens")
+        handler = await _handler(request, body.model)
+        model_metrics(request).on_request("messages_count_tokens")
         return await handler.count_tokens(body)
 
     return router

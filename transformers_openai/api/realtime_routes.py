@@ -16,6 +16,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
 from transformers_openai.api.errors import error_response
+from transformers_openai.api.handlers import Handlers
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.realtime_events import ErrorEvent, EventError, ServerEvent
 from transformers_openai.serving.disconnect import ClientDisconnected
@@ -49,29 +50,43 @@ def build_realtime_router() -> APIRouter:
 
     @router.websocket("/realtime")
     async def realtime(websocket: WebSocket, intent: str | None = None, model: str | None = None) -> None:
+        state: AppState = websocket.app.state.serving
         try:
-            session = _open_session(websocket, intent, model)
+            _check_intent(intent)
+            held = await state.acquire(model)  # the model stays loaded while the session is open
         except OpenAIError as exc:
             await websocket.send_denial_response(error_response(exc, websocket.url.path))
             return
-        slots: RealtimeSlots = websocket.app.state.realtime_slots
         try:
-            await _serve(websocket, session, websocket.app.state.settings.realtime_idle_timeout)
+            try:
+                assert held.handlers is not None  # a held model stays loaded
+                session = _open_session(websocket, held.handlers, model)
+            except OpenAIError as exc:
+                await websocket.send_denial_response(error_response(exc, websocket.url.path))
+                return
+            slots: RealtimeSlots = websocket.app.state.realtime_slots
+            try:
+                await _serve(websocket, session, websocket.app.state.settings.realtime_idle_timeout)
+            finally:
+                slots.give_back()
         finally:
-            slots.give_back()
+            state.registry.release(held)
 
     return router
 
 
-def _open_session(websocket: WebSocket, intent: str | None, model: str | None) -> RealtimeSession:
-    """The session for this connection, or the error that refuses it (the slot is taken last)."""
+def _check_intent(intent: str | None) -> None:
     if intent is not None and intent != "transcription":
         raise BadRequestError(
             f"intent '{intent[:40]}' is not served: this server runs transcription sessions (intent=transcription)",
             param="intent",
         )
-    state: AppState = websocket.app.state.serving
-    handler = state.handlers().transcriptions
+
+
+def _open_session(websocket: WebSocket, handlers: Handlers, model: str | None) -> RealtimeSession:
+    """The session for this connection on the model it names, or the error that refuses it (the slot is taken
+    last)."""
+    handler = handlers.transcriptions
     if model is not None:
         handler.ctx.check_model(model)
     settings = websocket.app.state.settings

@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 
 from transformers_openai.api.middleware import presented_key
+from transformers_openai.api.model_pick import model_handlers, model_metrics
 from transformers_openai.api.openapi import error_responses
-from transformers_openai.api.routes import SSE_EVENT, json_body, respond
+from transformers_openai.api.routes import SSE_EVENT, body_context, json_body, respond
 from transformers_openai.api.state import AppState
 from transformers_openai.protocol.responses import DeletedResponse, ResponseObject, ResponsesRequest
 from transformers_openai.serving.text.response_store import owner_of_key
@@ -26,9 +27,21 @@ _CREATED: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _handler(request: Request) -> ResponsesHandler:
+async def _handler(request: Request, model: str | None) -> ResponsesHandler:
+    return (await model_handlers(request, model)).responses
+
+
+def _stored(request: Request, response_id: str) -> ResponsesHandler:
+    """The handler whose store holds `response_id`: the one model's, or with several, the loaded text model's that
+    knows it (the first text model's, whose 404 names it, when none does)."""
     state: AppState = request.app.state.serving
-    return state.handlers().responses
+    if not state.registry.routed:
+        return state.handlers().responses
+    handlers = [s.handlers for s in state.registry.slots if s.handlers is not None and s.handlers.text is not None]
+    for handler in handlers:
+        if handler.responses.store.get(response_id, owner_of_request(request)) is not None:
+            return handler.responses
+    return handlers[0].responses if handlers else state.handlers().responses
 
 
 def owner_of_request(request: Request) -> str | None:
@@ -41,8 +54,7 @@ def owner_of_request(request: Request) -> str | None:
 
 async def _limits(request: Request) -> None:
     """Cheap limits on the raw body, before FastAPI validates it (as chat's)."""
-    state: AppState = request.app.state.serving
-    limits = state.context().prompt_limits
+    limits = (await body_context(request)).prompt_limits
     if limits is not None:
         limits.check_responses(await json_body(request))
 
@@ -52,18 +64,18 @@ def build_responses_router() -> APIRouter:
 
     @router.post("/responses", responses=_CREATED, response_model=None, dependencies=[Depends(_limits)])
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        handler = _handler(request)
-        request.app.state.metrics.on_request(handler.endpoint)
+        handler = await _handler(request, body.model)
+        model_metrics(request).on_request(handler.endpoint)
         owner = owner_of_request(request)
         return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id, owner))
 
     @router.get("/responses/{response_id}", responses=_ERRORS)
     async def get_response(response_id: str, request: Request) -> ResponseObject:
-        return _handler(request).get(response_id, owner_of_request(request))
+        return _stored(request, response_id).get(response_id, owner_of_request(request))
 
     @router.delete("/responses/{response_id}", responses=_ERRORS)
     async def delete_response(response_id: str, request: Request) -> DeletedResponse:
-        _handler(request).delete(response_id, owner_of_request(request))
+        _stored(request, response_id).delete(response_id, owner_of_request(request))
         return DeletedResponse(id=response_id)
 
     return router

@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from transformers_openai.api.model_pick import model_handlers, model_metrics, named_model, served_model
+from transformers_openai.api.models_registry import ModelSlot
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.sse import StreamEnds, sse_response
 from transformers_openai.api.state import AppState
@@ -28,7 +30,7 @@ from transformers_openai.protocol.tokenize import (
     TokenizeResponse,
 )
 from transformers_openai.serving.base import GenerationHandler
-from transformers_openai.serving.context import Capability
+from transformers_openai.serving.context import Capability, ServingContext
 from transformers_openai.serving.disconnect import ClientDisconnected, WaitDisconnect
 from transformers_openai.serving.errors import ServiceUnavailableError
 
@@ -46,27 +48,34 @@ def _state(request: Request) -> AppState:
     return state
 
 
+async def body_context(request: Request) -> ServingContext:
+    """The context of the model the raw JSON body names (for the limits checked before FastAPI validates it)."""
+    slot = await served_model(request, named_model(await json_body(request)))
+    assert slot.context is not None  # a held model stays loaded
+    return slot.context
+
+
 async def _chat_limits(request: Request) -> None:
     """Cheap limits on the raw body, before FastAPI validates it (runs as a dependency, after the JSON parse)."""
-    limits = _state(request).context().prompt_limits
+    limits = (await body_context(request)).prompt_limits
     if limits is not None:
         limits.check_chat(await json_body(request))
 
 
 async def _completion_limits(request: Request) -> None:
-    limits = _state(request).context().prompt_limits
+    limits = (await body_context(request)).prompt_limits
     if limits is not None:
         limits.check_completion(await json_body(request))
 
 
 async def _tokenize_limits(request: Request) -> None:
-    limits = _state(request).context().prompt_limits
+    limits = (await body_context(request)).prompt_limits
     if limits is not None:
         limits.check_tokenize(await json_body(request))
 
 
 async def _detokenize_limits(request: Request) -> None:
-    context = _state(request).context()
+    context = await body_context(request)
     if context.prompt_limits is not None:
         context.prompt_limits.check_detokenize(await json_body(request), context.max_model_len)
 
@@ -96,7 +105,7 @@ async def respond(request: Request, create: Create, text_media_type: str = "text
     try:
         result = await create(disconnect_waiter(request), request_id)
     except ClientDisconnected:
-        request.app.state.metrics.on_client_disconnected()
+        model_metrics(request).on_client_disconnected()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if isinstance(result, BaseModel):
         return JSONResponse(result.model_dump())
@@ -104,13 +113,13 @@ async def respond(request: Request, create: Create, text_media_type: str = "text
         return Response(result, media_type=text_media_type)
     app = request.app
     stall_timeout_s = app.state.settings.stream_stall_timeout
-    metrics = app.state.metrics
+    metrics = model_metrics(request)
     ends = StreamEnds(on_stall=metrics.on_stream_stalled, on_disconnect=metrics.on_client_disconnected)
     return sse_response(result, request_id or "-", stall_timeout_s, ends)
 
 
 async def _generate(handler: GenerationHandler[Any], body: Any, request: Request) -> Response:
-    request.app.state.metrics.on_request(handler.endpoint)
+    model_metrics(request).on_request(handler.endpoint)
     return await respond(request, lambda wait, request_id: handler.create(body, wait, request_id))
 
 
@@ -157,11 +166,32 @@ _MODALITIES = (
 )
 
 
-def _model_card(state: AppState) -> ModelCard:
-    """The served model's card, with the inputs it reads."""
-    capabilities = state.context().capabilities
+def _model_card(slot: ModelSlot) -> ModelCard:
+    """A listed model's card: with the inputs it reads and its limits while it is loaded."""
+    context = slot.context
+    if context is None:
+        return ModelCard(id=slot.name, state=slot.state.value)
+    capabilities = context.capabilities
     modalities = list(dict.fromkeys(name for capability, name in _MODALITIES if capability in capabilities))
-    return state.model_card().model_copy(update={"input_modalities": modalities})
+    return ModelCard(
+        id=context.model_name,
+        max_model_len=context.max_model_len,
+        quantization=context.quantization,
+        input_modalities=modalities,
+        state=slot.state.value,
+    )
+
+
+def _model_cards(state: AppState) -> list[ModelCard]:
+    """Every listed model's card, each followed by its adapters'; one model answers 503 until loaded, as before."""
+    if not state.registry.routed:
+        state.context()
+    cards = []
+    for slot in state.registry.slots:
+        cards.append(_model_card(slot))
+        if slot.context is not None:
+            cards.extend(slot.context.adapter_cards())  # its LoRA adapters, each with the model as `parent`
+    return cards
 
 
 def build_router() -> APIRouter:
@@ -173,38 +203,38 @@ def build_router() -> APIRouter:
         dependencies=[Depends(_chat_limits)],
     )
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(_state(request).handlers().chat, body, request)
+        return await _generate((await model_handlers(request, body.model)).chat, body, request)
 
     @router.post(
         "/completions", responses=_generation_responses(CompletionResponse), dependencies=[Depends(_completion_limits)]
     )
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(_state(request).handlers().completions, body, request)
+        return await _generate((await model_handlers(request, body.model)).completions, body, request)
 
     @router.post("/tokenize", responses=_ERRORS, dependencies=[Depends(_tokenize_limits)])
     async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-        handler = _state(request).handlers().tokenize
-        request.app.state.metrics.on_request(handler.endpoint)
+        handler = (await model_handlers(request, body.model)).tokenize
+        model_metrics(request).on_request(handler.endpoint)
         return await handler.tokenize(body)
 
     @router.post("/detokenize", responses=_ERRORS, dependencies=[Depends(_detokenize_limits)])
     async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
-        handler = _state(request).handlers().tokenize
-        request.app.state.metrics.on_request("detokenize")
+        handler = (await model_handlers(request, body.model)).tokenize
+        model_metrics(request).on_request("detokenize")
         return await handler.detokenize(body)
 
     @_get(router, "/models", responses=_ERRORS)
     async def list_models(request: Request) -> ModelList:
-        state = _state(request)
-        return ModelList(data=[_model_card(state), *state.context().adapter_cards()])
+        return ModelList(data=_model_cards(_state(request)))
 
     @_get(router, "/models/{model_id:path}", responses=_ERRORS)
     async def get_model(model_id: str, request: Request) -> ModelCard:
         state = _state(request)
-        context = state.context()
-        context.check_model(model_id)
-        cards = [card for card in context.adapter_cards() if card.id == model_id]
-        return cards[0] if cards else _model_card(state)
+        if not state.registry.routed:
+            state.context().check_model(model_id)
+        slot = state.registry.find(model_id)
+        adapters = [card for card in slot.context.adapter_cards() if card.id == model_id] if slot.context else []
+        return adapters[0] if adapters else _model_card(slot)
 
     return router
 
@@ -212,6 +242,12 @@ def build_router() -> APIRouter:
 class Health(BaseModel):
     status: str
     engine: dict[str, Any]
+    models: dict[str, Any] | None = None  # with several models: each one's state and engine
+
+
+def _engine_stats(context: ServingContext) -> Any:
+    stats = context.engine.stats()
+    return vars(stats) if not isinstance(stats, dict) else stats
 
 
 class Ready(BaseModel):
@@ -247,14 +283,22 @@ def build_ops_router() -> APIRouter:
     @_get(router, "/get_load", response_model=Load, responses=_ERRORS)
     async def get_load(request: Request) -> Load:
         """The requests this server holds (running and waiting), as vLLM's router reads a worker's load."""
-        return Load(load=_state(request).context().engine.stats().in_flight)
+        state = _state(request)
+        if not state.registry.routed:
+            return Load(load=state.context().engine.stats().in_flight)
+        return Load(load=sum(s.context.engine.stats().in_flight for s in state.registry.slots if s.context))
 
     @_get(router, "/health", response_model=Health, responses=_ERRORS)
     async def health(request: Request) -> JSONResponse:
         state = _state(request)
         if not state.ready():
             raise ServiceUnavailableError(state.status_message())
-        stats = state.context().engine.stats()
-        return JSONResponse({"status": "ok", "engine": vars(stats) if not isinstance(stats, dict) else stats})
+        if not state.registry.routed:
+            return JSONResponse({"status": "ok", "engine": _engine_stats(state.context())})
+        models = {
+            slot.name: {"state": slot.state.value, "engine": _engine_stats(slot.context) if slot.context else None}
+            for slot in state.registry.slots
+        }
+        return JSONResponse({"status": "ok", "engine": next(iter(models.values()))["engine"] or {}, "models": models})
 
     return router

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from transformers_openai.api.model_pick import model_handlers, model_metrics
 from transformers_openai.api.openapi import error_responses
 from transformers_openai.api.routes import respond
-from transformers_openai.api.state import AppState
 from transformers_openai.protocol.scores import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
 _ERRORS = error_responses(400, 401, 404, 408, 413, 429, 503)
@@ -22,8 +22,8 @@ def build_score_router() -> APIRouter:
 
     @router.post("/score", responses={200: {"model": ScoreResponse}, **_ERRORS}, response_model=None)
     async def score(body: ScoreRequest, request: Request) -> Response:
-        request.app.state.metrics.on_request("score")
-        handler = _state(request).handlers().scores
+        handler = (await model_handlers(request, body.model)).scores
+        model_metrics(request).on_request("score")
         return await respond(request, lambda wait, request_id: handler.score(body, wait, request_id))
 
     return router
@@ -42,11 +42,6 @@ def build_cohere_v2_router() -> APIRouter:
 
 
 async def _rerank(body: RerankRequest, request: Request) -> Response:
-    request.app.state.metrics.on_request("rerank")
-    handler = _state(request).handlers().scores
+    handler = (await model_handlers(request, body.model)).scores
+    model_metrics(request).on_request("rerank")
     return await respond(request, lambda wait, request_id: handler.rerank(body, wait, request_id))
-
-
-def _state(request: Request) -> AppState:
-    state: AppState = request.app.state.serving
-    return state

@@ -1,198 +1,59 @@
-"""The app's serving state: loads the model off the event loop, starts and stops the engine."""
+"""The app's serving state: the listed models (one, or several picked by name), started and stopped with the app."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from transformers_openai.engine.intra_op_threads import in_passing_thread
-from transformers_openai.protocol import ModelCard
-from transformers_openai.serving.context import Capability, ServingContext
-from transformers_openai.serving.embeddings import EmbeddingHandler
-from transformers_openai.serving.errors import BadRequestError, ServiceUnavailableError
-from transformers_openai.serving.messages.handler import MessagesHandler
-from transformers_openai.serving.scoring.handler import ScoreHandler
-from transformers_openai.serving.speech.transcription import TranscriptionHandler
-from transformers_openai.serving.text.chat import ChatHandler
-from transformers_openai.serving.text.completions import CompletionHandler
-from transformers_openai.serving.text.response_store import ResponseStore
-from transformers_openai.serving.text.responses import ResponsesHandler
-from transformers_openai.serving.tokenize import TokenizeHandler
+from transformers_openai.api.handlers import Handlers
+from transformers_openai.api.models_registry import Loader, ModelRegistry, ModelSlot, ModelState
+from transformers_openai.serving.context import ServingContext
+from transformers_openai.serving.errors import ServiceUnavailableError
+
+__all__ = ["AppState", "Handlers", "Loader"]
 
 logger = logging.getLogger(__name__)
 
-Loader = Callable[[], ServingContext]
-
-
-@dataclass(frozen=True)
-class Handlers:
-    """The handlers of the served model's endpoint families; a family it cannot serve is a clear 400."""
-
-    model_name: str
-    text: tuple[ChatHandler, CompletionHandler] | None
-    speech: TranscriptionHandler | None
-    tokenize: TokenizeHandler  # every model kind has a tokenizer
-    text_responses: ResponsesHandler | None = None  # /v1/responses, through the chat handler
-    embedder: EmbeddingHandler | None = None
-    scorer: ScoreHandler | None = None  # /v1/rerank and /v1/score: cross-encoders and embedding models
-    text_messages: MessagesHandler | None = None  # Anthropic's /v1/messages, through the chat handler
-
-    @property
-    def chat(self) -> ChatHandler:
-        return self._text()[0]
-
-    @property
-    def completions(self) -> CompletionHandler:
-        return self._text()[1]
-
-    @property
-    def responses(self) -> ResponsesHandler:
-        self._text()  # a speech model: the same 400 as chat
-        assert self.text_responses is not None  # built whenever `text` is
-        return self.text_responses
-
-    @property
-    def messages(self) -> MessagesHandler:
-        self._text()  # a speech model: the same 400 as chat
-        assert self.text_messages is not None  # built whenever `text` is
-        return self.text_messages
-
-    @property
-    def embeddings(self) -> EmbeddingHandler:
-        if self.embedder is None and self.scorer is not None:
-            raise BadRequestError(
-                f"the model '{self.model_name}' is a cross-encoder: it scores a query and a document together and "
-                "gives no vectors; use /v1/rerank or /v1/score",
-                param="model",
-                code="model_not_supported",
-            )
-        if self.embedder is None:
-            raise BadRequestError(
-                f"the model '{self.model_name}' is not served as an embedding model; start the server with an "
-                "embedding model, or with --model-kind embedding for a decoder's last-token vectors",
-                param="model",
-                code="model_not_supported",
-            )
-        return self.embedder
-
-    @property
-    def scores(self) -> ScoreHandler:
-        if self.scorer is None:
-            raise BadRequestError(
-                f"the model '{self.model_name}' does not score text pairs: /v1/rerank and /v1/score serve "
-                "cross-encoders (a sequence classifier with one label) and embedding models (cosine similarity)",
-                param="model",
-                code="model_not_supported",
-            )
-        return self.scorer
-
-    @property
-    def transcriptions(self) -> TranscriptionHandler:
-        if self._pooling_only:
-            raise self._embedding_only()
-        if self.speech is None:
-            raise BadRequestError(
-                f"the model '{self.model_name}' is a text model: it does not take audio; "
-                "use /v1/chat/completions or /v1/completions",
-                param="model",
-                code="model_not_supported",
-            )
-        return self.speech
-
-    @property
-    def _pooling_only(self) -> bool:
-        """An embedding model or a cross-encoder: it neither generates text nor transcribes."""
-        return self.text is None and self.speech is None and (self.embedder is not None or self.scorer is not None)
-
-    def _embedding_only(self) -> BadRequestError:
-        """The answer of an embedding model or a cross-encoder to a route that generates."""
-        kind, routes = (
-            ("an embedding model", "/v1/embeddings")
-            if self.embedder is not None
-            else ("a cross-encoder", "/v1/rerank or /v1/score")
-        )
-        return BadRequestError(
-            f"the model '{self.model_name}' is {kind}: it does not generate text; use {routes}",
-            param="model",
-            code="model_not_supported",
-        )
-
-    def _text(self) -> tuple[ChatHandler, CompletionHandler]:
-        if self._pooling_only:
-            raise self._embedding_only()
-        if self.text is None:
-            raise BadRequestError(
-                f"the model '{self.model_name}' is a speech recognition model: it does not take text prompts; "
-                "use /v1/audio/transcriptions or /v1/audio/translations",
-                param="model",
-                code="model_not_supported",
-            )
-        return self.text
-
-    @classmethod
-    def for_context(cls, context: ServingContext) -> Handlers:
-        text = (ChatHandler(context), CompletionHandler(context)) if Capability.TEXT in context.capabilities else None
-        speech = TranscriptionHandler(context) if Capability.SPEECH in context.capabilities else None
-        tokenize = TokenizeHandler(context, text[0].tools if text is not None else None)
-        store = ResponseStore(context.max_stored_responses, context.max_stored_response_bytes)
-        responses = ResponsesHandler(text[0], store) if text is not None else None
-        embedder = EmbeddingHandler(context) if Capability.EMBEDDINGS in context.capabilities else None
-        scorer = ScoreHandler(context) if Capability.SCORES in context.capabilities else None
-        messages = MessagesHandler(text[0]) if text is not None else None
-        return cls(
-            context.model_name,
-            text,
-            speech,
-            tokenize,
-            text_responses=responses,
-            embedder=embedder,
-            scorer=scorer,
-            text_messages=messages,
-        )
-
 
 class AppState:
-    """Holds the serving context once it is loaded; until then requests get 503."""
+    """The models served; until the first (or each eagerly loaded one) is loaded, requests get 503."""
 
-    def __init__(self, loader: Loader, on_loaded: Callable[[ServingContext], None] | None = None) -> None:
-        self._loader = loader
-        self._on_loaded = on_loaded
-        self._context: ServingContext | None = None
-        self._handlers: Handlers | None = None
-        self._task: asyncio.Task[None] | None = None
-        self.load_error: BaseException | None = None
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
         self.draining = False
 
+    @property
+    def load_error(self) -> BaseException | None:
+        return self.registry.default.load_error
+
     async def start(self, on_failure: Callable[[], None] | None = None) -> None:
-        self._task = asyncio.create_task(self._load(on_failure))
+        await self.registry.start(on_failure)
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        if self._context is not None:
-            await self._context.engine.stop()
+        await self.registry.stop()
 
     async def wait_ready(self) -> None:
-        if self._task is not None:
-            await self._task
+        await self.registry.wait_loads()
 
     def ready(self) -> bool:
-        return self._context is not None and self._context.engine.running and not self.draining
+        return self.registry.eager_ready() and not self.draining
 
     def begin_drain(self) -> None:
         """Stops admitting new requests; those in flight go on."""
         self.draining = True
 
+    def _contexts(self) -> list[ServingContext]:
+        return [slot.context for slot in self.registry.slots if slot.context is not None]
+
     def fail_in_flight(self, message: str) -> int:
         """Ends every request in flight with a shutdown error (streams get an error event and [DONE])."""
-        return self._context.engine.fail_in_flight(message) if self._context is not None else 0
+        return sum(context.engine.fail_in_flight(message) for context in self._contexts())
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Waits until no request is in flight (True) or the timeout passes (False)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._context is not None and self._context.engine.stats().in_flight:
+        while any(context.engine.stats().in_flight for context in self._contexts()):
             if asyncio.get_running_loop().time() >= deadline:
                 return False
             await asyncio.sleep(0.05)
@@ -201,38 +62,30 @@ class AppState:
     def status_message(self) -> str:
         if self.draining:
             return "the server is shutting down"
-        if self.load_error is not None:
-            return f"the model failed to load: {self.load_error}"
-        if self._context is None:
-            return "the model is loading"
+        registry = self.registry
+        waiting = [s for s in registry.slots if s.source.eager and not registry.policy.load_on_demand and not s.running]
+        slot = waiting[0] if waiting else registry.default
+        if slot.state is ModelState.FAILED:
+            return registry.failure_message(slot)
+        if slot.state is ModelState.LOADING or slot.context is None:
+            return registry.loading_message(slot)
         return "the engine is not running"
 
     def context(self) -> ServingContext:
-        if self._context is None or not self._context.engine.running or self.draining:
+        """The first listed model's context (a server with one model: its only one); 503 unless it runs."""
+        slot = self.registry.default
+        if not slot.running or self.draining or slot.context is None:
             raise ServiceUnavailableError(self.status_message())
-        return self._context
+        return slot.context
 
     def handlers(self) -> Handlers:
         self.context()
-        assert self._handlers is not None
-        return self._handlers
+        handlers = self.registry.default.handlers
+        assert handlers is not None  # set with the context
+        return handlers
 
-    def model_card(self) -> ModelCard:
-        ctx = self.context()
-        return ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len, quantization=ctx.quantization)
-
-    async def _load(self, on_failure: Callable[[], None] | None) -> None:
-        try:
-            context = await in_passing_thread(self._loader)
-            await context.engine.start()
-        except Exception as exc:
-            logger.exception("loading the model failed")
-            self.load_error = exc
-            if on_failure is not None:
-                on_failure()
-            return
-        self._context = context
-        self._handlers = Handlers.for_context(context)
-        if self._on_loaded is not None:
-            self._on_loaded(context)
-        logger.info("model %s ready (%s, context %d)", context.model_name, context.model_kind, context.max_model_len)
+    async def acquire(self, name: str | None) -> ModelSlot:
+        """The model a request names, loaded and held for it (`registry.release` when the response ends)."""
+        if self.draining:
+            raise ServiceUnavailableError(self.status_message())
+        return await self.registry.acquire(name)

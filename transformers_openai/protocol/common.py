@@ -46,6 +46,8 @@ class ModelCard(BaseModel):
     # A LoRA adapter's card: where it was read from and the model it adapts (vLLM's fields).
     root: str | None = None
     parent: str | None = None
+    # Whether the model is in memory now: loaded, loading, unloaded (loaded on the first request naming it) or failed.
+    state: Literal["loaded", "loading", "unloaded", "failed"] | None = None
 
 
 class ModelList(BaseModel):

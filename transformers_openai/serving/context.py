@@ -185,11 +185,12 @@ class ServingContext:
         return self.vision
 
     def serves(self, name: str) -> bool:
-        """Whether a request may name `name`: the served model (its served name or its path) or a resident adapter."""
+        """Whether a request may name `name`: the served model (its served name or its path) or a resident adapter;
+        the registry of a server with several models asks each loaded one."""
         return name in self.model_aliases or self.adapter(name) is not None
 
     def check_model(self, name: str) -> None:
-        """A request must name what this server serves (`serves`): anything else is a 404."""
+        """A request must name what this model serves (`serves`): anything else is a 404."""
         if not self.serves(name):
             raise ModelNotFoundError(f"the model '{name}' does not exist", param="model")
 

@@ -105,6 +105,20 @@ class ServiceUnavailableError(OpenAIError):
     type = "service_unavailable"
 
 
+class ModelUnavailableError(ServiceUnavailableError):
+    """A model named by the request cannot be loaded now (no room in the memory budget, or its load ran past the
+    wait): try again later."""
+
+    code = "model_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message, param="model")
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class InternalServerError(OpenAIError):
     status_code = 500
     type = "server_error"
