@@ -151,7 +151,9 @@ def int8_time_ratio(in_features: int = 576, out_features: int = 1536, rows: tupl
     generator = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(in_features, out_features, bias=False)
     layer = Int8Linear.from_linear(linear)
-    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)  # as `packed_linear.py` has it
+    packed = torch.ops.mkldnn._reorder_linear_weight(
+        linear.weight.detach(), None
+    )  # as `runners/packed_linear.py` has it
 
     def median_s(call: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
         call(x)

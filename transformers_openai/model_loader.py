@@ -49,7 +49,6 @@ from transformers_openai.engine.speculative.speculator import Speculator
 from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
 from transformers_openai.metrics import Metrics
-from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.parallel.checks import tensor_parallel_problem
 from transformers_openai.parallel.leader import Leader
 from transformers_openai.parallel.ranks import Ranks, join_ranks
@@ -58,6 +57,7 @@ from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.kv_pool import KVSpace
+from transformers_openai.runners.packed_linear import pack_linear_layers
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.steps.paged_step import StepExecutor
 from transformers_openai.runners.steps.step_store import has_cxx_compiler, private_store

@@ -5,7 +5,7 @@ Every prompt of the benchmark's chat mix (`compare.py`) and the load tool's (`lo
 share of identical answers and, for the others, the first position where they part.
 
 A variant is `DTYPE:WEIGHTS`, WEIGHTS being `plain` (`nn.Linear`) or `packed` (the server's CPU default, see
-`transformers_openai/packed_linear.py`). Example:
+`transformers_openai/runners/packed_linear.py`). Example:
 
     loadtest greedy-agreement --reference float32:plain --candidate float32:packed
 """
@@ -29,7 +29,7 @@ def load(model_dir: Path, variant: str, device: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from transformers_openai.packed_linear import pack_linear_layers
+    from transformers_openai.runners.packed_linear import pack_linear_layers
 
     dtype_name, weights = variant.split(":")
     # Any: transformers types `PreTrainedModel.to` as its decorated function, which takes no device.

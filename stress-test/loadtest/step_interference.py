@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from transformers_openai.packed_linear import pack_linear_layers
+    from transformers_openai.runners.packed_linear import pack_linear_layers
 
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -18,10 +18,10 @@ from tests.e2e import reference
 from tests.e2e.conftest import async_client
 from tests.e2e.server import ServerProcess, start_server
 from tests.quantized_models import build_compressed_tensors, build_gptq, build_torchao, with_quantization_config
-from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.base import Acceleration
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.block_table import BlockTable
+from transformers_openai.runners.packed_linear import pack_linear_layers
 
 # As in test_kv_budget.py: 200 KiB hold 24 blocks of 16 tokens of the tiny Llama, fewer than 8 rows of 72 tokens need.
 BUDGET = ["--max-batch-size", "8", "--kv-cache-memory", "200KiB"]

@@ -20,9 +20,9 @@ from transformers_openai.engine.kv_manager import KVUsage
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kv.block_table import NULL_BLOCK
+from transformers_openai.runners.packed_linear import pack_linear_layers
 from transformers_openai.runners.steps import fixed_steps as fixed_steps_module
 from transformers_openai.runners.steps.fixed_steps import batch_buckets, width_buckets
 from transformers_openai.runners.steps.step_store import has_cxx_compiler, traced_sources

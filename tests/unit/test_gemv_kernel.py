@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from transformers_openai.packed_linear import PackedLinear, can_pack, pack_linear_layers, register_compilable_op
 from transformers_openai.runners.kernels import gemv_kernel
+from transformers_openai.runners.packed_linear import PackedLinear, can_pack, pack_linear_layers, register_compilable_op
 from transformers_openai.runners.steps.step_store import has_cxx_compiler
 
 pytestmark = [

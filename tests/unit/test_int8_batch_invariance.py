@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.runner_driver import RunnerDriver
 from transformers_openai.int8_linear import quantize_linear_layers, quantizes_activations
-from transformers_openai.packed_linear import pack_linear_layers
 from transformers_openai.runners.base import Acceleration
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.packed_linear import pack_linear_layers
 from transformers_openai.runners.steps.paged_step import PagedStep
 from transformers_openai.runners.steps.step_store import has_cxx_compiler
 

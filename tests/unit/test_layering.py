@@ -122,14 +122,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "serving": frozenset({"engine", "protocol"}),
     "protocol": frozenset({"engine"}),
     "engine": frozenset({"runners"}),
-    "runners": frozenset({"int8_linear", "packed_linear"}),
+    "runners": frozenset({"int8_linear"}),
     "parallel": frozenset({"logs", "runners", "settings"}),
     "metrics": frozenset({"engine"}),
     "settings": frozenset({"quantization"}),
     "model_list": frozenset({"settings"}),
     "quantization": frozenset({"int8_linear"}),
     "int8_linear": frozenset(),
-    "packed_linear": frozenset(),
     "logs": frozenset(),
 }
 COMPOSITION_ROOT = frozenset({"main", "server", "step_compiler", "model_loader", "embedding_loader", "__init__"})

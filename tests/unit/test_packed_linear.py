@@ -18,8 +18,8 @@ from transformers_openai.engine.core import EngineCore
 from transformers_openai.engine.request import EngineRequest
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.engine.scheduler import Scheduler
-from transformers_openai.packed_linear import PackedLinear, can_pack, fuse_activations, pack_linear_layers
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.packed_linear import PackedLinear, can_pack, fuse_activations, pack_linear_layers
 from transformers_openai.serving.tokenizer import engine_decoder
 
 torch.set_num_threads(1)

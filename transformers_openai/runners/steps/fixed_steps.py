@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformers_openai.packed_linear import register_compilable_op
 from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.kv.block_table import NULL_BLOCK, BlockTable
 from transformers_openai.runners.kv.paged_cache import AttentionGroup, InPlaceDecode, PagedKVCache, StepPlan
+from transformers_openai.runners.packed_linear import register_compilable_op
 from transformers_openai.runners.steps.step_store import compiled_step, store_key, stored_step
 
 logger = logging.getLogger(__name__)

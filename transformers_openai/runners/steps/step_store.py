@@ -44,7 +44,7 @@ COMPILE_SECONDS_RECORD = "compile-seconds"  # in a store: how long the last comp
 # key hashes their source. tests/unit/test_fixed_steps.py fails when the step calls into a module of this package
 # missing here.
 TRACED_MODULES = (
-    "transformers_openai.packed_linear",
+    "transformers_openai.runners.packed_linear",
     "transformers_openai.runners.kernels.gemv_kernel",
     "transformers_openai.runners.kernels.paged_attention",
     "transformers_openai.runners.kernels.paged_decode_kernel",
