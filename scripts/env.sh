@@ -5,8 +5,8 @@
 # TORCH_SPEC (default torch==2.13.0, as in the Dockerfile) and TORCH_INDEX pick it: on a machine without a GPU,
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build (about 200 MB) instead of PyPI's CUDA one.
 #
-# Everything but torch is installed by uv (pinned below, itself from PyPI by pip): its parallel downloads made the test
-# set-up's `-e .[test]` 38 s and 15 s of CPU where pip took 300 s and 107 s, the same versions of every package.
+# Everything but torch is installed by uv (pinned below, itself from PyPI by pip): it downloads side by side and takes
+# a fraction of pip's time and CPU for the same versions of every package.
 # uv reads UV_* settings (UV_DEFAULT_INDEX for a mirror), not pip's config; torch stays with pip, which honours it
 # (a local CPU wheel, for one).
 #
