@@ -39,6 +39,17 @@ def _start_rank(item: pytest.Item) -> int:
     return 1 if path.startswith(EARLY) else 2
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the serial phase (TEST_PHASE=serial), a test module whose source never names the `serial` mark is not
+    imported at all: collecting the whole suite to run one module took longer than the module's own setup. None
+    leaves every other module to pytest's own rules (--ignore and the rest)."""
+    if os.environ.get("TEST_PHASE") != "serial" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or "mark.serial" in collection_path.read_text(errors="replace"):
+        return None
+    return True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ is marked `e2e` (it starts the real server), by its folder. Then the order above,
     by a stable sort: each module's tests stay together and in their order (xdist's loadscope hands out whole
