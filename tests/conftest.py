@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,17 @@ def _start_rank(item: pytest.Item) -> int:
     if path in FIRST:
         return 0
     return 1 if path.startswith(EARLY) else 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` (scripts/test.sh) with the modules that share a costly server kept together on one worker
+    (tests/xdist_groups.py); any other mode as xdist makes it."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from tests.xdist_groups import SharedServerScheduling
+
+    return SharedServerScheduling(config, log)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
