@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,28 @@ def _start_rank(item: pytest.Item) -> int:
     if path in FIRST:
         return 0
     return 1 if path.startswith(EARLY) else 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` (scripts/test.sh) with the modules that share a costly server kept together on one worker
+    (tests/xdist_groups.py); any other mode as xdist makes it."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from tests.xdist_groups import SharedServerScheduling
+
+    return SharedServerScheduling(config, log)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the serial phase (TEST_PHASE=serial), a test module whose source never names the `serial` mark is not
+    imported at all: collecting the whole suite to run one module took longer than the module's own setup. None
+    leaves every other module to pytest's own rules (--ignore and the rest)."""
+    if os.environ.get("TEST_PHASE") != "serial" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or "mark.serial" in collection_path.read_text(errors="replace"):
+        return None
+    return True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

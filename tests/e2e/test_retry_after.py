@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ROWS = 4
 MAX_TOKENS = 900
-IDLE_S = 20  # many times the wait (a few seconds): an estimate that grew with the idle time would be off by far more
+IDLE_S = 10  # twice and more the wait (3-4 s): an estimate that grew with the idle time would be off by more than 2x
 
 
 @pytest.fixture(scope="module")
