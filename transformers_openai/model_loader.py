@@ -192,11 +192,8 @@ def _rows_kernel_store(settings: Settings, model: torch.nn.Module) -> Path | Non
     """Where the kernel for 1-4 rows is built, or None to go without it: its layout is a second copy of the plain
     linear weights, refused (with a log line) when larger than a quarter of the machine's memory. Decided from the
     total, not what is free, so that the server and the child compiling its steps decide alike."""
-    copy = sum(
-        module.weight.numel() * module.weight.element_size()
-        for module in model.modules()
-        if type(module) is torch.nn.Linear
-    )
+    weights = (getattr(module, "weight", None) for module in model.modules() if type(module) is torch.nn.Linear)
+    copy = sum(w.numel() * w.element_size() for w in weights if isinstance(w, torch.Tensor) and w.is_floating_point())
     total = _total_memory()
     if copy > total // 4:
         logger.info(

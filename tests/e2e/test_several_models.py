@@ -48,10 +48,12 @@ def _states(server: ServerProcess) -> dict[str, str]:
 
 
 def _resident_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+    """Resident memory from the page tables (smaps_rollup): VmRSS is a counter each thread updates in batches, and
+    read from outside it once lagged a whole model behind."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Rss:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no Rss in smaps_rollup")
 
 
 def test_three_kinds_by_name_loaded_on_demand_evicted_and_unloaded(
