@@ -8,7 +8,6 @@ import binascii
 import io
 
 import numpy as np
-import soundfile
 
 from transformers_openai.protocol.realtime import SAMPLE_RATES, AudioFormat
 from transformers_openai.serving.errors import BadRequestError
@@ -32,6 +31,8 @@ def decode_chunk(audio: str, audio_format: AudioFormat) -> np.ndarray:
         return np.frombuffer(raw, dtype="<i2").astype(np.int16)
     if not raw:
         return np.zeros(0, dtype=np.int16)
+    import soundfile  # where used, as audio.py does: importing the app must not need the audio libraries
+
     samples, _ = soundfile.read(
         io.BytesIO(raw),
         format="RAW",
@@ -44,6 +45,8 @@ def decode_chunk(audio: str, audio_format: AudioFormat) -> np.ndarray:
 
 
 def wav_bytes(samples: np.ndarray, sampling_rate: int) -> bytes:
+    import soundfile
+
     out = io.BytesIO()
     soundfile.write(out, samples, sampling_rate, format="WAV", subtype="PCM_16")
     return out.getvalue()
