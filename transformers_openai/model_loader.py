@@ -207,10 +207,15 @@ def _rows_kernel_store(settings: Settings, model: torch.nn.Module) -> Path | Non
 
 
 def _total_memory() -> int:
+    return _meminfo("MemTotal")
+
+
+def _meminfo(field: str) -> int:
+    """A /proc/meminfo field in bytes."""
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemTotal"].split()[0]) * 1024
+        return int(fields[field].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return 16 * 2**30  # not Linux: assume a modest machine
 
@@ -219,12 +224,7 @@ def _free_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return 16 * 2**30  # not Linux: assume a modest machine
+    return _meminfo("MemAvailable")
 
 
 def context_length(config: PretrainedConfig, requested: int | None) -> int:
