@@ -293,19 +293,9 @@ def build_tiny_lora(dest: Path, base: Path, seed: int, rank: int = 8) -> Path:
     apart."""
     if (dest / "adapter_config.json").exists():
         return dest
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from loadtest.lora_adapters import make_adapter
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in peft.named_parameters():
-            if "lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
     tmp = dest.with_name(dest.name + ".tmp")
-    peft.save_pretrained(str(tmp))
+    make_adapter(base, tmp, seed, rank, scale=0.2)
     tmp.rename(dest)
     return dest

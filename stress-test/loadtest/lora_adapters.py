@@ -14,7 +14,9 @@ from pathlib import Path
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def make_adapter(model_dir: Path, dest: Path, seed: int, rank: int) -> None:
+def make_adapter(model_dir: Path, dest: Path, seed: int, rank: int, scale: float = 0.02) -> None:
+    """A rank-`rank` adapter on every projection of the decoder at `model_dir`, saved in PEFT's format at `dest`:
+    all LoRA weights drawn from N(0, `scale`^2) with `seed` (PEFT starts lora_B at zero, which would change nothing)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -25,7 +27,7 @@ def make_adapter(model_dir: Path, dest: Path, seed: int, rank: int) -> None:
     with torch.no_grad():
         for name, parameter in peft.named_parameters():
             if "lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
     peft.save_pretrained(str(dest))
 
 
