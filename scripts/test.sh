@@ -6,6 +6,10 @@ set -euo pipefail
 EXTRAS=test source "$(dirname "$0")/env.sh"
 # One torch thread: with two on a busy 2-core machine, generation got 3-10x slower and erratic. Servers use all cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Bytecode written on first import, whatever the environment says (this machine's image sets PYTHONDONTWRITEBYTECODE):
+# uv installs packages without it, and the suite starts well over a hundred Python processes (servers, ranks, tools)
+# that would each compile the same transformers and project sources again, about 3 s of a core each.
+unset PYTHONDONTWRITEBYTECODE
 
 apt_install() { # package, why
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

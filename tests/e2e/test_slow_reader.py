@@ -15,15 +15,19 @@ import pytest
 
 from tests.e2e.server import ServerProcess, start_server, wait_for
 
-STALL_S = 2.0
+# All four rows are taken together only while none of them has been aborted yet: the four requests are admitted one
+# after the other while the first streams' big events keep the event loop busy, and on a loaded machine that can take
+# long enough that a 2 s timeout could free the first row before the fourth came (all four never seen at once, in one
+# full suite run).
+STALL_S = 4.0
 ROWS = 4
 # Big events (20 alternatives per token, each with its bytes): the socket buffers fill within a few hundred
 # tokens, so a client that never reads blocks the server's sends early. 900 tokens, as the tiny model's context
 # is 1024; without the stall timeout these streams would hold their rows for seconds more.
 MAX_TOKENS = 900
 HEAVY = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0, "logprobs": True, "top_logprobs": 20}
-# Measured on 2 shared CPU cores: the normal request waits 2.4-2.6 s, the stall timeout plus about 0.3 s for the
-# buffers to fill once the rows are taken and about 0.1 s for its own answer; 3 s more covers a loaded machine.
+# Measured on 2 shared CPU cores: the normal request waits the stall timeout plus about 0.3 s for the buffers to fill
+# once the rows are taken and about 0.1 s for its own answer; 3 s more covers a loaded machine.
 MARGIN_S = 3.0
 
 
@@ -71,7 +75,8 @@ def test_four_clients_that_never_read_cannot_hold_the_batch(stall_server: Server
     before = stalled_total(stall_server)
     sockets = [never_reads(stall_server) for _ in range(ROWS)]
     try:
-        assert wait_for(lambda: stall_server.engine_state()["rows_in_use"] == ROWS, 30)
+        taken = wait_for(lambda: stall_server.engine_state()["rows_in_use"] == ROWS, 30)
+        assert taken, f"the {ROWS} rows were never all taken at once:\n{stall_server.log_tail()}"
         start = time.monotonic()
         response = httpx.post(
             f"{stall_server.base_url}/chat/completions", json=body(stall_server, max_tokens=8), timeout=120
