@@ -129,3 +129,11 @@ def test_every_int8_layer_of_a_model_gets_the_kernel_where_the_cpu_has_vnni(
     assert len(layers) == 14 and given == (len(layers) if vnni else 0)
     assert all((layer.blocked_weight is not None) == vnni for layer in layers)
     assert torch.equal(after, before)
+
+
+def test_a_cpu_without_vnni_keeps_int_mm(kernels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX2-only CPU's flags: no layer gets the kernel (its plain C++ would be slower than `_int_mm`)."""
+    model = torch.nn.Sequential(int8_layer(32, 32, False, torch.Generator().manual_seed(3)))
+    monkeypatch.setattr(int8_gemv_kernel, "this_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert use_rows_kernel(model, kernels) == 0
+    assert model[0].blocked_weight is None

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from transformers_openai.int8_linear import KERNEL_MAX_ROWS, Int8Linear
+from transformers_openai.int8_linear import KERNEL_MAX_ROWS, Int8Linear, this_cpu_flags
 from transformers_openai.runners.kernels.native_build import build_and_load
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ MAX_ROWS = KERNEL_MAX_ROWS  # inputs of more rows go to `torch._int_mm`
 # The kernel's variants (`int8_gemv(..., variant=)`): AUTO picks the fastest this CPU runs.
 AUTO, PLAIN, AVX_VNNI, AVX512_VNNI = 0, 1, 2, 3
 NAMES = {PLAIN: "plain C++", AVX_VNNI: "AVX-VNNI", AVX512_VNNI: "AVX-512 VNNI"}
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})  # /proc/cpuinfo's names of the instructions the kernel needs
 
 
 def load(directory: Path) -> bool:
@@ -69,7 +70,12 @@ def use_rows_kernel(model: torch.nn.Module, kernels: Path) -> int:
     this CPU has VNNI (without it the plain C++ would be slower than oneDNN's product); returns how many layers got
     it (0 where the kernel cannot be built: `torch._int_mm` serves every row count)."""
     layers = [m for m in model.modules() if isinstance(m, Int8Linear) and m.takes_rows_kernel]
-    if not layers or not load(kernels):
+    if not layers:
+        return 0
+    if not VNNI_FLAGS & this_cpu_flags():  # not built where it would not be used
+        logger.info("no int8 matrix-vector kernel: this CPU has neither AVX-512 VNNI nor AVX-VNNI")
+        return 0
+    if not load(kernels):
         return 0
     variant = best_variant()
     if variant == PLAIN:
