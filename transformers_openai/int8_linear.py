@@ -29,6 +29,9 @@ NATIVE_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 # layer took 0.35-0.75x float32's time at one thread, but at two threads on a busy machine single measurements
 # reached 2-2.5x, while without a native kernel it takes 18-59x.
 MAX_INT8_TIME_RATIO = 3.0
+# Inputs of at most this many rows go through the int8 matrix-vector kernel where a layer has its layout
+# (`runners/kernels/int8_gemv_kernel.py`); more go to `torch._int_mm`, with the same bits.
+KERNEL_MAX_ROWS = 4
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +47,8 @@ class Int8Linear(torch.nn.Module):
     weight_t: torch.Tensor
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
+    blocked_weight: torch.Tensor | None  # the int8 matrix-vector kernel's layout, where `use_rows_kernel` gave it
+    weight_sums: torch.Tensor | None
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
@@ -53,6 +58,8 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight_t", weight.t())
         self.register_buffer("weight_scale", scale.float())
         self.register_buffer("bias", bias)
+        self.register_buffer("blocked_weight", None)
+        self.register_buffer("weight_sums", None)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
@@ -82,8 +89,27 @@ class Int8Linear(torch.nn.Module):
         """The int8 weight (out x in), for code that inspects a layer's weight shape or device."""
         return self.weight_t.t()
 
+    @property
+    def takes_rows_kernel(self) -> bool:
+        """Whether the int8 matrix-vector kernel computes this layer: its results are float32, which the `_int_mm`
+        path's rescaled ones are only where the layer's float side is float32."""
+        return self.dtype == torch.float32 and (self.bias is None or self.bias.dtype == torch.float32)
+
+    def add_rows_kernel(self, blocked: torch.Tensor, sums: torch.Tensor) -> None:
+        """Gives the layer the kernel's layout of its weight (`int8_gemv_kernel.block_weight`; the kernel must be
+        loaded): inputs of at most `KERNEL_MAX_ROWS` rows then multiply through the kernel."""
+        self.blocked_weight, self.weight_sums = blocked, sums
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
+        blocked, sums = self.blocked_weight, self.weight_sums
+        # 1-4 rows through the kernel, the same bits as below; compiled graphs keep the product inductor traces.
+        few = rows.shape[0] <= KERNEL_MAX_ROWS and not torch.compiler.is_compiling()
+        if few and blocked is not None and sums is not None:
+            y: torch.Tensor = torch.ops.transformers_openai.int8_gemv(
+                rows, blocked, sums, self.weight_scale, self.bias, self.out_features, 0
+            )
+            return y.view(*x.shape[:-1], self.out_features)
         # As compressed-tensors (llm-compressor's W8A8) has it: the row's extreme over 127.5, rounded into [-128, 127].
         x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.5
         x_int8 = torch.round(rows / x_scale).clamp(-128, 127).to(torch.int8)
@@ -93,7 +119,9 @@ class Int8Linear(torch.nn.Module):
         return y.to(self.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        rows_kernel = ", rows_kernel=True" if self.blocked_weight is not None else ""
+        features = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{features}, bias={self.bias is not None}{rows_kernel}"
 
 
 def quantizes_activations(model: torch.nn.Module) -> bool:

@@ -56,6 +56,7 @@ from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.quantization import plan_quantization
 from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.kernels.int8_gemv_kernel import use_rows_kernel
 from transformers_openai.runners.kv.kv_pool import KVSpace
 from transformers_openai.runners.packed_linear import pack_linear_layers
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
@@ -306,10 +307,13 @@ def load_serving_context(
     if problem is not None:
         raise ValueError(problem)
     if settings.pack_cpu_weights and model.device.type == "cpu" and not settings.device_map and ranks is None:
-        # Plain float linear layers only: quantized ones keep their own kernels. The kernel for 1-4 rows is built
-        # (or found) in the compile store.
-        packed = pack_linear_layers(model, _rows_kernel_store(settings, model))
+        # Plain float linear layers only: quantized ones keep their own kernels. The kernels for 1-4 rows (float32,
+        # and int8 for int8-dynamic's layers) are built (or found) in the compile store.
+        rows_kernels = _rows_kernel_store(settings, model)
+        packed = pack_linear_layers(model, rows_kernels)
         logger.info("packed %d linear layers for oneDNN", packed)
+        if rows_kernels is not None:
+            use_rows_kernel(model, rows_kernels)
         phases.done("packing")
     if activation is not None:  # kinds with an engine of their own
         context = replace(
@@ -481,7 +485,10 @@ def compile_steps_alone(settings: Settings, kv_space: KVSpace, store: Path) -> b
     dtype = resolve_dtype(settings.dtype, device)
     model, _ = _load_model(settings, config, spec.model_class, device, dtype, None, StartupPhases())
     if settings.pack_cpu_weights:
-        pack_linear_layers(model, store if _rows_kernel_store(settings, model) is not None else None)
+        rows_kernels = store if _rows_kernel_store(settings, model) is not None else None
+        pack_linear_layers(model, rows_kernels)
+        if rows_kernels is not None:
+            use_rows_kernel(model, rows_kernels)
     max_len = spec.context_length(model, settings.max_model_len)
     runner, _ = spec.build_runner(model, settings.batch_rows(kind), max_len, max_len, kv_space)
     return bool(runner.prepare(Acceleration(compiled=True, kernels=True, store=store)).done)

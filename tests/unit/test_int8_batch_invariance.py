@@ -17,6 +17,7 @@ from tests.runner_driver import RunnerDriver
 from transformers_openai.int8_linear import quantize_linear_layers, quantizes_activations
 from transformers_openai.runners.base import Acceleration
 from transformers_openai.runners.causal_lm import CausalLMRunner
+from transformers_openai.runners.kernels.int8_gemv_kernel import use_rows_kernel
 from transformers_openai.runners.packed_linear import pack_linear_layers
 from transformers_openai.runners.steps.paged_step import PagedStep
 from transformers_openai.runners.steps.step_store import has_cxx_compiler
@@ -38,9 +39,11 @@ def driver(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     assert quantize_linear_layers(model) == 2 * 7 and quantizes_activations(model)
+    kernels = tmp_path_factory.mktemp("kernels")
     pack_linear_layers(model)  # the output layer, as the server packs it
+    use_rows_kernel(model, kernels)  # rows 1-4 through the int8 kernel where the CPU has VNNI, more through _int_mm
     runner = CausalLMRunner(model, max_rows=len(LENGTHS), max_model_len=512)
-    runner.prepare(Acceleration(kernels=True, store=tmp_path_factory.mktemp("kernels")))
+    runner.prepare(Acceleration(kernels=True, store=kernels))
     assert isinstance(runner.executor, PagedStep) and runner.executor.cache.per_query
     return RunnerDriver(runner)
 
