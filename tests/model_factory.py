@@ -299,3 +299,18 @@ def build_tiny_lora(dest: Path, base: Path, seed: int, rank: int = 8) -> Path:
     make_adapter(base, tmp, seed, rank, scale=0.2)
     tmp.rename(dest)
     return dest
+
+
+@built_once
+def build_whisper_lora(dest: Path, base: Path, seed: int) -> Path:
+    """A rank-8 LoRA adapter made with PEFT on the query and value projections of Whisper at `base` (its encoder's,
+    its decoder's and its cross-attention's), with random `lora_B` weights that change some words of clear speech
+    without making it babble; `seed` tells adapters apart."""
+    if (dest / "adapter_config.json").exists():
+        return dest
+    from loadtest.lora_adapters import WHISPER_TARGETS, make_adapter
+
+    tmp = dest.with_name(dest.name + ".tmp")
+    make_adapter(base, tmp, seed, 8, scale=0.04, targets=WHISPER_TARGETS)
+    tmp.rename(dest)
+    return dest

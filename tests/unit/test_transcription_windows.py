@@ -36,11 +36,16 @@ class FakeSpeechCalls:
         self.released: list[str] = []
 
     async def detect_language(
-        self, features: Any, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+        self,
+        features: Any,
+        sot: int,
+        language_tokens: Sequence[int],
+        window: tuple[str, int] | None = None,
+        lora: Any = None,
     ) -> int:
         raise AssertionError("these tests name the language")
 
-    async def alignment_weights(self, features: Any, tokens: list[int]) -> Any:
+    async def alignment_weights(self, features: Any, tokens: list[int], lora: Any = None) -> Any:
         raise AssertionError("these tests ask for no word times")
 
     async def release_windows(self, key: str) -> None:
