@@ -1,6 +1,7 @@
 """LoRA adapters on the encoder-decoder runners: T5 rows with adapter A, adapter B and none, prefilled and decoded
 together, each get their own PEFT model's logits (encoder, cross-attention and decoder adapted); a Whisper window's
-kept encoder output is reused by a row with the adapter it was encoded with, never by another."""
+kept encoder output is reused by a row with the adapter it was encoded with, never by another, and an adapter on the
+feed-forward's first layer is added before its GELU even where packing fused the GELU into that layer."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from transformers import T5Config, T5ForConditionalGeneration, WhisperConfig, Wh
 from tests.runner_driver import RunnerDriver
 from transformers_openai.engine.prefill import PrefillJob
 from transformers_openai.runners.lora.adapter import LoraAdapter, read_adapter
+from transformers_openai.runners.packed_linear import PackedLinear, pack_linear_layers
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper import WINDOW_FRAMES, WhisperRunner
 
@@ -95,7 +97,7 @@ def test_t5_rows_with_different_adapters_in_one_batch_get_their_own_peft_logits(
     assert not torch.allclose(different[0], different[1]) and not torch.allclose(different[2], different[1])
 
 
-def test_a_kept_whisper_window_is_encoded_again_for_another_adapter(tmp_path: Path) -> None:
+def test_a_kept_whisper_window_is_encoded_again_for_another_adapter_fc1_before_its_gelu(tmp_path: Path) -> None:
     config = WhisperConfig(
         vocab_size=96,
         d_model=32,
@@ -111,9 +113,13 @@ def test_a_kept_whisper_window_is_encoded_again_for_another_adapter(tmp_path: Pa
     )
     torch.manual_seed(0)
     base = WhisperForConditionalGeneration(config).eval()
-    runner = WhisperRunner(copy.deepcopy(base), max_rows=2)
+    packed = copy.deepcopy(base)
+    pack_linear_layers(packed)
+    fc1 = packed.model.encoder.layers[0].fc1
+    assert isinstance(fc1, PackedLinear) and fc1.activation == "gelu"  # the GELU fused into it, as served
+    runner = WhisperRunner(packed, max_rows=2)
     shapes = runner.serve_adapters()
-    peft_a, lora_a = _peft(base, tmp_path / "a", 1, ["q_proj", "v_proj"], shapes)
+    peft_a, lora_a = _peft(base, tmp_path / "a", 1, ["q_proj", "v_proj", "fc1"], shapes)
     encodings: list[int] = []
     hook = runner.model.model.encoder.register_forward_hook(lambda *_: encodings.append(1))
     audio = torch.randn(80, WINDOW_FRAMES, generator=torch.Generator().manual_seed(3))

@@ -25,6 +25,7 @@ from transformers_openai.runners.kv.kv_cache import cache_keyword, layer_tensors
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace, self_attention_geometry
 from transformers_openai.runners.kv.paged_cache import StepPlan
 from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, wrap_linear_layers
+from transformers_openai.runners.packed_linear import unfuse_activations
 from transformers_openai.runners.slots import SlotTable
 
 
@@ -78,7 +79,9 @@ class Seq2SeqRunner:
     def serve_adapters(self) -> dict[str, tuple[int, int]]:
         """From now on each row may run with its own LoRA adapter (`PrefillRow.lora`, `DecodeRow.lora`): the linear
         layers of the encoder's and decoder's blocks are wrapped to add each adapter's update to its rows. Returns
-        the layers an adapter may target, (in, out) features by name (PEFT's names behind `base_model.model.`)."""
+        the layers an adapter may target, (in, out) features by name (PEFT's names behind `base_model.model.`).
+        Activations fused into packed layers come out again: an update to `fc1` is added before its GELU."""
+        unfuse_activations(self.model)
         self.lora, shapes = wrap_linear_layers(self.model)
         return shapes
 
