@@ -10,7 +10,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.e2e.server import ServerProcess, start_server
-from tests.model_factory import build_tiny_t5, build_whisper_lora, cache_root
+from tests.model_factory import build_tiny_lora, build_tiny_t5, build_whisper_lora, cache_root
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"
 
@@ -33,8 +33,18 @@ def tiny_t5_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_t5_server(tiny_t5_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    server = start_server(tiny_t5_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32")
+def tiny_t5_lora(tiny_t5_dir: Path) -> Path:
+    """A LoRA adapter made with PEFT on the tiny T5's query and value projections (encoder, decoder, cross)."""
+    from loadtest.lora_adapters import T5_TARGETS
+
+    return build_tiny_lora(cache_root() / "tiny-t5-lora", tiny_t5_dir, seed=1, targets=T5_TARGETS)
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_server(tiny_t5_dir: Path, tiny_t5_lora: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """The tiny T5, with the LoRA adapter `t5-a` (requests naming the model never use it)."""
+    lora = ["--lora-modules", f"t5-a={tiny_t5_lora}"]
+    server = start_server(tiny_t5_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32", *lora)
     yield server
     server.stop()
 
