@@ -1,20 +1,23 @@
 """LoRA adapters on Whisper tiny.en: a transcription naming an adapter equals its `PeftModel.generate` greedy
 transcription of the clip alone (the adapter on the encoder's, decoder's and cross-attention's query and value
 projections), also when windows with adapter A, adapter B and none share batches; an adapter loaded at run time
-serves the next request, and unloaded it is a 404."""
+serves the next request, and unloaded it is a 404; a realtime session naming an adapter transcribes with it."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from pathlib import Path
 
 import httpx
 import pytest
+from loadtest.realtime_bench import pcm24k
 from openai import NotFoundError
 
 from tests.e2e.conftest import async_client, sync_client
 from tests.e2e.server import ServerProcess
 from tests.e2e.speech_reference import generate_text, peft_generate_text
+from tests.e2e.test_realtime import uploaded_text
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +84,25 @@ def test_a_whisper_lora_loaded_at_run_time_batches_with_another_then_unloaded_is
     with pytest.raises(NotFoundError) as caught, clip.open("rb") as f:
         sync_client(whisper_server).audio.transcriptions.create(model="whisper-b", file=f)
     assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_a_realtime_session_naming_a_whisper_lora_transcribes_with_it(
+    whisper_server: ServerProcess, audio_dir: Path
+) -> None:
+    pcm = pcm24k(audio_dir / CLIPS[0])
+
+    async def session() -> str:
+        client = async_client(whisper_server)
+        async with client.realtime.connect(model="whisper-a", extra_query={"intent": "transcription"}) as connection:
+            update = {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+            await connection.session.update(session=update)  # type: ignore[arg-type]
+            await connection.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+            await connection.input_audio_buffer.commit()
+            async for event in connection:
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    return event.transcript
+        raise AssertionError("the connection closed before the transcript")
+
+    transcript = asyncio.run(session())
+    assert transcript == asyncio.run(uploaded_text(whisper_server, pcm, "whisper-a"))
+    assert transcript != asyncio.run(uploaded_text(whisper_server, pcm))
