@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
@@ -287,15 +287,30 @@ if __name__ == "__main__":
 
 
 @built_once
-def build_tiny_lora(dest: Path, base: Path, seed: int, rank: int = 8) -> Path:
-    """A LoRA adapter made with PEFT on the decoder at `base` (attention and MLP layers), in PEFT's format, with
-    random `lora_B` weights (PEFT starts them at zero) large enough to change greedy answers; `seed` tells adapters
-    apart."""
+def build_tiny_lora(dest: Path, base: Path, seed: int, rank: int = 8, targets: Sequence[str] | None = None) -> Path:
+    """A LoRA adapter made with PEFT on the model at `base` (a decoder's attention and MLP layers, or the layers
+    `targets` names), in PEFT's format, with random `lora_B` weights (PEFT starts them at zero) large enough to change
+    greedy answers; `seed` tells adapters apart."""
     if (dest / "adapter_config.json").exists():
         return dest
-    from loadtest.lora_adapters import make_adapter
+    from loadtest.lora_adapters import TARGETS, make_adapter
 
     tmp = dest.with_name(dest.name + ".tmp")
-    make_adapter(base, tmp, seed, rank, scale=0.2)
+    make_adapter(base, tmp, seed, rank, scale=0.2, targets=targets or TARGETS)
+    tmp.rename(dest)
+    return dest
+
+
+@built_once
+def build_whisper_lora(dest: Path, base: Path, seed: int) -> Path:
+    """A rank-8 LoRA adapter made with PEFT on the query and value projections of Whisper at `base` (its encoder's,
+    its decoder's and its cross-attention's), with random `lora_B` weights that change some words of clear speech
+    without making it babble; `seed` tells adapters apart."""
+    if (dest / "adapter_config.json").exists():
+        return dest
+    from loadtest.lora_adapters import WHISPER_TARGETS, make_adapter
+
+    tmp = dest.with_name(dest.name + ".tmp")
+    make_adapter(base, tmp, seed, 8, scale=0.04, targets=WHISPER_TARGETS)
     tmp.rename(dest)
     return dest

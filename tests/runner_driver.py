@@ -90,4 +90,7 @@ class RunnerDriver:
         return free
 
     def _rows(self, last_tokens: Mapping[int, int]) -> list[DecodeRow]:
-        return [DecodeRow(slot, self.jobs[slot].table, token) for slot, token in last_tokens.items()]
+        return [
+            DecodeRow(slot, self.jobs[slot].table, token, lora=self.jobs[slot].lora)
+            for slot, token in last_tokens.items()
+        ]

@@ -82,6 +82,9 @@ _DEFAULT_CONTEXT = 2048
 # The GIL switch interval of a server whose decode steps run as CUDA graphs (Python's default: 5 ms).
 GPU_ENGINE_SWITCH_INTERVAL_S = 0.0005
 
+# The model kinds whose runners serve LoRA adapters per row (`serve_adapters`).
+LORA_KINDS = frozenset({"causal-lm", "seq2seq", "whisper"})
+
 
 def detect_kind(config: PretrainedConfig, override: str = "auto", sentence_transformers: bool = False) -> str:
     """The model kind: `override` unless it is auto; a sequence classifier with one label is a cross-encoder, and
@@ -406,12 +409,12 @@ def _generation_context(
 
 
 def _lora_adapters(settings: Settings, kind: str, runner: Any, model: PreTrainedModel) -> LoraAdapters | None:
-    """The LoRA adapters served beside a decoder (--lora-modules, read now: one that cannot be served fails the
-    start), or None when none may be (no --lora-modules nor --allow-runtime-lora)."""
+    """The LoRA adapters served beside a decoder, T5 or Whisper model (--lora-modules, read now: one that cannot be
+    served fails the start), or None when none may be (no --lora-modules nor --allow-runtime-lora)."""
     if not settings.lora_modules and not settings.allow_runtime_lora:
         return None
-    if kind != "causal-lm" or not isinstance(runner, CausalLMRunner):
-        raise ValueError(f"LoRA adapters are served on decoder-only models, not on a {kind} model")
+    if kind not in LORA_KINDS or not isinstance(runner, CausalLMRunner | Seq2SeqRunner):
+        raise ValueError(f"LoRA adapters are served on decoder-only, T5 and Whisper models, not on a {kind} model")
     if settings.allow_runtime_lora and not settings.lora_dir:
         raise ValueError("--allow-runtime-lora loads adapters from under --lora-dir only: give one")
     dirs = tuple(Path(folder) for folder in settings.lora_dir) if settings.allow_runtime_lora else None

@@ -193,9 +193,10 @@ class Settings(BaseSettings):
     max_queue: int = Field(64, ge=0, description="Most requests waiting beyond the running batch; more get 429.")
     lora_modules: CommaList = Field(
         default_factory=list,
-        description="LoRA adapters (PEFT directories) served beside a decoder model from the start, as name=path "
-        "(comma-separated or repeated); a request picks one by its name in `model`, and requests with different "
-        "adapters and none share one batch. Steps then run eagerly (no compiled decode step, no CUDA graphs).",
+        description="LoRA adapters (PEFT directories) served beside a decoder, T5 or Whisper model from the start, "
+        "as name=path (comma-separated or repeated); a request picks one by its name in `model`, and requests with "
+        "different adapters and none share one batch. Steps then run eagerly (no compiled decode step, no CUDA "
+        "graphs).",
     )
     max_loras: int = Field(4, ge=1, description="Most LoRA adapters resident at once; a load beyond gets 400.")
     max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank accepted; an adapter above it is refused.")

@@ -10,7 +10,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.e2e.server import ServerProcess, start_server
-from tests.model_factory import build_tiny_t5, cache_root
+from tests.model_factory import build_tiny_lora, build_tiny_t5, build_whisper_lora, cache_root
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "chat-templates" / "smollm2-tools.jinja"
 
@@ -33,8 +33,18 @@ def tiny_t5_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_t5_server(tiny_t5_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    server = start_server(tiny_t5_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32")
+def tiny_t5_lora(tiny_t5_dir: Path) -> Path:
+    """A LoRA adapter made with PEFT on the tiny T5's query and value projections (encoder, decoder, cross)."""
+    from loadtest.lora_adapters import T5_TARGETS
+
+    return build_tiny_lora(cache_root() / "tiny-t5-lora", tiny_t5_dir, seed=1, targets=T5_TARGETS)
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_server(tiny_t5_dir: Path, tiny_t5_lora: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """The tiny T5, with the LoRA adapter `t5-a` (requests naming the model never use it)."""
+    lora = ["--lora-modules", f"t5-a={tiny_t5_lora}"]
+    server = start_server(tiny_t5_dir, server_logs, "--max-batch-size", "8", "--max-queue", "32", *lora)
     yield server
     server.stop()
 
@@ -75,9 +85,26 @@ def async_client(server: ServerProcess) -> AsyncOpenAI:
 
 
 @pytest.fixture(scope="session")
-def whisper_server(whisper_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    """Whisper tiny.en; a 3 MB upload limit so that the 413 is cheap to reach."""
-    server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000")
+def whisper_loras(whisper_dir: Path) -> Path:
+    """Two LoRA adapters made with PEFT on Whisper tiny.en (`a`, `b`), in a folder adapters may be loaded from."""
+    root = cache_root() / "whisper-tiny-en-loras"
+    for name, seed in (("a", 1), ("b", 3)):
+        build_whisper_lora(root / name, whisper_dir, seed=seed)
+    return root
+
+
+@pytest.fixture(scope="session")
+def whisper_server(whisper_dir: Path, whisper_loras: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """Whisper tiny.en; a 3 MB upload limit so that the 413 is cheap to reach; the LoRA adapter `whisper-a` served
+    from the start, others loaded at run time from `whisper_loras` (requests naming the model never use them)."""
+    lora = [
+        "--lora-modules",
+        f"whisper-a={whisper_loras / 'a'}",
+        "--allow-runtime-lora",
+        "--lora-dir",
+        str(whisper_loras),
+    ]
+    server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000", *lora)
     yield server
     server.stop()
 

@@ -1,11 +1,12 @@
-"""What transformers itself transcribes from a clip alone, and the word error rate to score text with."""
+"""What transformers itself (or PEFT, with a LoRA adapter) transcribes from a clip alone, and the word error rate to
+score text with."""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +37,26 @@ def samples(path: Path) -> np.ndarray:
 def generate_text(model_dir: Path, clip: Path) -> str:
     """`model.generate` with timestamps on the clip alone: one window, or transformers' sequential long-form."""
     model, tokenizer, features = _load(str(model_dir))
+    return _generate(model, tokenizer, features, clip)
+
+
+@lru_cache(maxsize=2)
+def _peft_model(model_dir: str, adapter: str) -> Any:
+    from peft import PeftModel
+    from transformers import WhisperForConditionalGeneration
+
+    base = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return PeftModel.from_pretrained(base, adapter).eval()  # its own copy: PEFT wraps the layers of the model given
+
+
+@lru_cache(maxsize=8)
+def peft_generate_text(model_dir: Path, adapter: Path, clip: Path) -> str:
+    """As `generate_text`, with the LoRA adapter at `adapter` applied by PEFT (`PeftModel.generate`)."""
+    _, tokenizer, features = _load(str(model_dir))
+    return _generate(_peft_model(str(model_dir), str(adapter)), tokenizer, features, clip)
+
+
+def _generate(model: Any, tokenizer: PreTrainedTokenizerBase, features: WhisperFeatureExtractor, clip: Path) -> str:
     audio = samples(clip)
     long_form = audio.size > 30 * 16000
     inputs = features(

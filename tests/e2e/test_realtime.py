@@ -44,14 +44,14 @@ def metric(server: ServerProcess, name: str, label: str = "") -> float:
     return 0.0
 
 
-async def uploaded_text(server: ServerProcess, pcm: bytes) -> str:
+async def uploaded_text(server: ServerProcess, pcm: bytes, model: str = MODEL) -> str:
     """The non-streamed transcription of the same 24 kHz audio, uploaded as a WAV file with temperature 0 (a turn
     is decoded at that one temperature, so that no retry takes back the text its deltas sent)."""
     wav = io.BytesIO()
     soundfile.write(wav, np.frombuffer(pcm, dtype="<i2"), RATE, format="WAV", subtype="PCM_16")
     wav.name = "turn.wav"
     wav.seek(0)
-    return (await async_client(server).audio.transcriptions.create(model=MODEL, file=wav, temperature=0)).text
+    return (await async_client(server).audio.transcriptions.create(model=model, file=wav, temperature=0)).text
 
 
 def turn_audio(spoken: bytes, turn: Turn) -> bytes:

@@ -1,6 +1,7 @@
 """The transcription handler on a fake engine: its windows are named by keys the server makes (never the client's
 X-Request-Id), what the runner kept for them is released however the transcription ends, uploads wait their turn
-to decode (and a client may leave while waiting), and a decode out of memory is a 503."""
+to decode (and a client may leave while waiting), a decode out of memory is a 503, and a request naming a LoRA
+adapter sends every window with it."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile
+import torch
+from safetensors.torch import save_file
 from transformers import AutoFeatureExtractor, AutoTokenizer
 
+from transformers_openai.engine.lora_adapters import LoraAdapters, LoraLimits
 from transformers_openai.engine.request import EngineRequest, FinishReason, RequestOutput
 from transformers_openai.protocol.audio import TranscriptionRequest
 from transformers_openai.serving.context import ServingContext, SpeechModel
 from transformers_openai.serving.disconnect import ClientDisconnected
-from transformers_openai.serving.errors import InternalServerError, ServiceUnavailableError
+from transformers_openai.serving.errors import InternalServerError, ModelNotFoundError, ServiceUnavailableError
 from transformers_openai.serving.speech import transcription
 from transformers_openai.serving.speech.audio import decode_audio
 from transformers_openai.serving.speech.transcription import TranscriptionHandler
@@ -36,11 +40,16 @@ class FakeSpeechCalls:
         self.released: list[str] = []
 
     async def detect_language(
-        self, features: Any, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+        self,
+        features: Any,
+        sot: int,
+        language_tokens: Sequence[int],
+        window: tuple[str, int] | None = None,
+        lora: Any = None,
     ) -> int:
         raise AssertionError("these tests name the language")
 
-    async def alignment_weights(self, features: Any, tokens: list[int]) -> Any:
+    async def alignment_weights(self, features: Any, tokens: list[int], lora: Any = None) -> Any:
         raise AssertionError("these tests ask for no word times")
 
     async def release_windows(self, key: str) -> None:
@@ -86,7 +95,12 @@ def parts(whisper_dir: Path) -> tuple[Any, Any, TokenizerService]:
     return tokenizer, AutoFeatureExtractor.from_pretrained(whisper_dir), TokenizerService(tokenizer, workers=1)
 
 
-def handler(parts: tuple[Any, Any, TokenizerService], engine: FakeEngine, decodes: int = 2) -> TranscriptionHandler:
+def handler(
+    parts: tuple[Any, Any, TokenizerService],
+    engine: FakeEngine,
+    decodes: int = 2,
+    adapters: LoraAdapters | None = None,
+) -> TranscriptionHandler:
     tokenizer, features, service = parts
     tokens = WhisperTokens.from_tokenizer(tokenizer, False)
     speech = SpeechModel(features, tokens, engine.runner, 60.0, max_audio_decodes=decodes)
@@ -98,6 +112,7 @@ def handler(parts: tuple[Any, Any, TokenizerService], engine: FakeEngine, decode
         max_model_len=448,
         model_kind="whisper",
         speech=speech,
+        adapters=adapters,
     )
     return TranscriptionHandler(ctx)
 
@@ -282,3 +297,28 @@ def test_a_stream_without_fallback_sends_each_word_as_it_is_decoded(
         assert deltas == [("Hello there.", len(engine.tokens))]
     else:  # the timestamp, then a word per token
         assert deltas[0] == ("Hello", 2) and len(deltas) >= 2 and deltas[-1][1] < len(engine.tokens)
+
+
+def test_a_request_naming_an_adapter_sends_every_window_with_it(
+    parts: tuple[Any, Any, TokenizerService], tmp_path: Path
+) -> None:
+    layer = "model.decoder.layers.0.self_attn.q_proj"
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 2, "lora_alpha": 4}')
+    pair = {"lora_A.weight": torch.ones(2, 4), "lora_B.weight": torch.ones(4, 2)}
+    save_file(
+        {f"base_model.model.{layer}.{name}": t for name, t in pair.items()}, str(tmp_path / "adapter_model.safetensors")
+    )
+    adapters = LoraAdapters(MODEL, {layer: (4, 4)}, torch.float32, torch.device("cpu"), LoraLimits(2, 8))
+    adapter = adapters.load("accent", tmp_path)
+    engine = FakeEngine(window_tokens(parts))
+    serving = handler(parts, engine, adapters=adapters)
+
+    async def run(model: str) -> Any:
+        return await serving.create(TranscriptionRequest(audio=clip(1), filename="a.wav", model=model), never)
+
+    assert asyncio.run(run("accent")).text == "Hello there."
+    assert asyncio.run(run(MODEL)).text == "Hello there."
+    assert [request.lora is adapter for request in engine.requests] == [True, False]
+    assert engine.requests[1].lora is None
+    with pytest.raises(ModelNotFoundError):
+        asyncio.run(run("no-such-adapter"))

@@ -216,9 +216,16 @@ class SpeechRunner(Protocol):
     """What a speech model does outside the batch, between steps, for the transcription endpoints."""
 
     def detect_language(
-        self, features: Features, sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+        self,
+        features: Features,
+        sot: int,
+        language_tokens: Sequence[int],
+        window: tuple[str, int] | None = None,
+        lora: LoraWeightsLike | None = None,
     ) -> int: ...
 
-    def alignment_weights(self, features: Features, tokens: list[int]) -> torch.Tensor: ...
+    def alignment_weights(
+        self, features: Features, tokens: list[int], lora: LoraWeightsLike | None = None
+    ) -> torch.Tensor: ...
 
     def release_windows(self, key: str) -> None: ...

@@ -189,6 +189,22 @@ def fuse_activations(model: torch.nn.Module) -> int:
     return fused
 
 
+def unfuse_activations(model: torch.nn.Module) -> int:
+    """Puts back, as modules of their own, the activations `fuse_activations` moved into packed layers: where
+    something is added to the layer's product before its activation (a LoRA update), the product must come out
+    plain. Returns how many were put back."""
+    unfused = 0
+    for layer in model.modules():
+        names = FUSIBLE_LAYERS.get(type(layer).__name__)
+        linear = None if names is None else getattr(layer, names[0], None)
+        if names is None or not isinstance(linear, PackedLinear) or linear.activation != "gelu":
+            continue
+        linear.activation = None
+        setattr(layer, names[1], torch.nn.GELU())
+        unfused += 1
+    return unfused
+
+
 def _exact_gelu(module: object) -> bool:
     """An erf GELU: torch's, or transformers' `GELUActivation` calling torch's."""
     if isinstance(module, torch.nn.GELU):

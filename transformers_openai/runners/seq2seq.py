@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ from transformers_openai.runners.kv.cross_cache import CrossKVCache
 from transformers_openai.runners.kv.kv_cache import cache_keyword, layer_tensors
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace, self_attention_geometry
 from transformers_openai.runners.kv.paged_cache import StepPlan
+from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, wrap_linear_layers
+from transformers_openai.runners.packed_linear import unfuse_activations
 from transformers_openai.runners.slots import SlotTable
 
 
@@ -33,6 +36,9 @@ class Seq2SeqRunner:
     shared, as they depend on the input) and its cross-attention K/V (per row, left-aligned, masked by the encoder
     attention mask; `max_rows` rows of the longest input are set aside from the K/V budget for them). Both are
     freed when the row is released. The encoder reads its input whole: the prompt goes in in one step.
+
+    With LoRA adapters (`serve_adapters`), every forward applies each row's own: its encoder pass, its prompt's
+    decoder pass (which computes its cross-attention K/V), and its decode steps.
     """
 
     def __init__(
@@ -63,11 +69,27 @@ class Seq2SeqRunner:
         self._cross_cache = CrossKVCache(geometry.layers, max_rows, max_input_len)
         self._slots = SlotTable()
         self._cache_keyword = cache_keyword(model)
+        self.lora: LoraRows | None = None  # rows' LoRA adapters (`serve_adapters`)
 
     @staticmethod
     def _decoder_start(model: PreTrainedModel) -> int | None:
         """The token the decoder reads before the request's prompt: T5's start token."""
         return _decoder_start_token(model)
+
+    def serve_adapters(self) -> dict[str, tuple[int, int]]:
+        """From now on each row may run with its own LoRA adapter (`PrefillRow.lora`, `DecodeRow.lora`): the linear
+        layers of the encoder's and decoder's blocks are wrapped to add each adapter's update to its rows. Returns
+        the layers an adapter may target, (in, out) features by name (PEFT's names behind `base_model.model.`).
+        Activations fused into packed layers come out again: an update to `fc1` is added before its GELU."""
+        unfuse_activations(self.model)
+        self.lora, shapes = wrap_linear_layers(self.model)
+        return shapes
+
+    def _adapters(self, adapters: Sequence[LoraWeightsLike | None]) -> AbstractContextManager[None]:
+        """The forwards run inside apply `adapters[i]` to row `i` of their batch."""
+        if self.lora is None:
+            return nullcontext()
+        return self.lora.using(adapters, self.device)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         return Prepared()  # its steps run eagerly
@@ -102,7 +124,8 @@ class Seq2SeqRunner:
     def _prefill_row(self, row: PrefillRow) -> PrefillOutput:
         own_cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         info: dict[str, float] = {}
-        logits = self._prefill_forward(row, own_cache, info)
+        with self._adapters([row.lora]):
+            logits = self._prefill_forward(row, own_cache, info)
         self._join(row, own_cache)
         return PrefillOutput(logits[None], info)
 
@@ -138,7 +161,7 @@ class Seq2SeqRunner:
         shape_only = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
             len(order), cross_cache.width, self._hidden_size
         )
-        with self_cache.running(plan):
+        with self_cache.running(plan), self._adapters([rows[slot].lora for slot in order]):
             out = self.model(
                 encoder_outputs=(shape_only,),
                 decoder_input_ids=torch.tensor([[rows[slot].token] for slot in order], device=self.device),

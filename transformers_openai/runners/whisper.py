@@ -23,6 +23,7 @@ from transformers_openai.runners.kernels.cross_attention import use_cross_in_pla
 from transformers_openai.runners.kv.kv_cache import cache_keyword
 from transformers_openai.runners.kv.kv_pool import KVSpace
 from transformers_openai.runners.kv.paged_cache import StepPlan
+from transformers_openai.runners.lora.layers import LoraWeightsLike
 from transformers_openai.runners.seq2seq import Seq2SeqRunner
 from transformers_openai.runners.whisper_rules import WhisperRules, WhisperRuleTokens
 
@@ -47,7 +48,8 @@ class WhisperRunner(Seq2SeqRunner):
     A request may name its window (`encoder_inputs["window"]`: a `WindowKey`, the transcription's server-made key and
     the window's number): its encoder output is then kept for a retry of the same window (temperature fallback), one
     window per transcription (its next window replaces it), until `release_windows` drops it when the transcription
-    ends; the `max_rows` most recent transcriptions at most.
+    ends; the `max_rows` most recent transcriptions at most. A kept output is reused only by a row with the adapter
+    it was encoded with (its LoRA adapter, or none).
     """
 
     def __init__(
@@ -63,7 +65,8 @@ class WhisperRunner(Seq2SeqRunner):
         generation = model.generation_config
         self._sot = int(generation.decoder_start_token_id)
         self._no_speech = _no_speech_token(generation)
-        self._encoded: OrderedDict[str, tuple[int, torch.Tensor]] = OrderedDict()  # transcription -> its window
+        # transcription -> its window: its number, the adapter it was encoded with, the encoder's output
+        self._encoded: OrderedDict[str, tuple[int, LoraWeightsLike | None, torch.Tensor]] = OrderedDict()
         self._encoded_now: dict[int, torch.Tensor] = {}  # slot -> its window's encoder states from this step's batch
         self._model_cache_keyword = cache_keyword(model.model)  # the prefill calls the encoder-decoder without its head
 
@@ -103,15 +106,17 @@ class WhisperRunner(Seq2SeqRunner):
 
     def prefill_cost(self, encoder_inputs: Mapping[str, Any]) -> int:
         """The encoder pass over the window's 1500 positions, unless a retry of the window reuses it."""
-        return 0 if self._kept(encoder_inputs.get("window")) is not None else self.max_input_len
+        window: WindowKey | None = encoder_inputs.get("window")
+        return 0 if window is not None and window in self.kept_windows() else self.max_input_len
 
     def _prefill(self, rows: Sequence[PrefillRow]) -> list[PrefillOutput | Exception]:
         """The windows admitted together that need an encoder pass share one batched call; then each joins."""
-        fresh = [row for row in rows if self._kept(row.encoder_inputs.get("window")) is None]
+        fresh = [row for row in rows if self._kept(row.encoder_inputs.get("window"), row.lora) is None]
         if len(fresh) > 1:
             try:
                 batch = torch.cat([self._features(row.encoder_inputs) for row in fresh])
-                hidden = self.model.model.encoder(input_features=batch)
+                with self._adapters([row.lora for row in fresh]):
+                    hidden = self.model.model.encoder(input_features=batch)
             except Exception:  # e.g. one window of the wrong shape: each is encoded alone, and fails alone
                 logger.warning("batched encoder pass failed; encoding its %d windows alone", len(fresh), exc_info=True)
             else:
@@ -134,9 +139,9 @@ class WhisperRunner(Seq2SeqRunner):
         encoded = self._encoded_now.pop(row.slot, None)  # the batched encoder pass's output, if this step made one
         window: WindowKey | None = row.encoder_inputs.get("window")
         if encoded is None:
-            encoded = self._encode(self._features(row.encoder_inputs), window)
+            encoded = self._encode(self._features(row.encoder_inputs), window, row.lora)
         elif window is not None:
-            self._remember(window, encoded)
+            self._remember(window, row.lora, encoded)
         prefix = list(row.tokens)
         out = self.model.model(
             encoder_outputs=(encoded,),
@@ -154,29 +159,30 @@ class WhisperRunner(Seq2SeqRunner):
         next_logits: torch.Tensor = logits[1]
         return next_logits
 
-    def _encode(self, features: torch.Tensor, window: WindowKey | None) -> torch.Tensor:
-        kept = self._kept(window)
+    def _encode(self, features: torch.Tensor, window: WindowKey | None, lora: LoraWeightsLike | None) -> torch.Tensor:
+        """The window's encoder output, with `lora` (called inside the forwards' adapters: see `_adapters`)."""
+        kept = self._kept(window, lora)
         if kept is not None:
             return kept
         hidden: torch.Tensor = self.model.model.encoder(input_features=features).last_hidden_state
         if window is not None:
-            self._remember(window, hidden)
+            self._remember(window, lora, hidden)
         return hidden
 
-    def _kept(self, window: WindowKey | None) -> torch.Tensor | None:
-        """The encoder output kept for exactly this window of this transcription, if any."""
+    def _kept(self, window: WindowKey | None, lora: LoraWeightsLike | None) -> torch.Tensor | None:
+        """The encoder output kept for exactly this window of this transcription encoded with `lora`, if any."""
         if window is None:
             return None
         key, number = window
         kept = self._encoded.get(key)
-        if kept is None or kept[0] != number:
+        if kept is None or kept[0] != number or kept[1] is not lora:
             return None
         self._encoded.move_to_end(key)
-        return kept[1]
+        return kept[2]
 
-    def _remember(self, window: WindowKey, hidden: torch.Tensor) -> None:
+    def _remember(self, window: WindowKey, lora: LoraWeightsLike | None, hidden: torch.Tensor) -> None:
         key, number = window
-        self._encoded[key] = (number, hidden)  # a transcription's earlier windows are done with: replaced
+        self._encoded[key] = (number, lora, hidden)  # a transcription's earlier windows are done with: replaced
         self._encoded.move_to_end(key)
         while len(self._encoded) > self.spec.max_rows:
             self._encoded.popitem(last=False)
@@ -187,28 +193,38 @@ class WhisperRunner(Seq2SeqRunner):
 
     def kept_windows(self) -> list[WindowKey]:
         """The windows whose encoder output is kept, oldest first."""
-        return [(key, number) for key, (number, _) in self._encoded.items()]
+        return [(key, number) for key, (number, _, _) in self._encoded.items()]
 
     def _step_inputs(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         return {"decoder_position_ids": plan.positions}
 
     @torch.inference_mode()
     def detect_language(
-        self, features: Features, sot: int, language_tokens: Sequence[int], window: WindowKey | None = None
+        self,
+        features: Features,
+        sot: int,
+        language_tokens: Sequence[int],
+        window: WindowKey | None = None,
+        lora: LoraWeightsLike | None = None,
     ) -> int:
-        """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch).
+        """The likeliest language token after `<|startoftranscript|>` for one window (runs outside the batch), with
+        the transcription's LoRA adapter `lora`, if any.
 
         With `window`, the encoder output is kept for that window's prefill, which then does not encode again.
         """
-        encoded = self._encode(self._features({"input_features": features}), window)
         decoder_input_ids = torch.tensor([[sot]], device=self.device)
-        out = self.model(encoder_outputs=(encoded,), decoder_input_ids=decoder_input_ids)
+        with self._adapters([lora]):
+            encoded = self._encode(self._features({"input_features": features}), window, lora)
+            out = self.model(encoder_outputs=(encoded,), decoder_input_ids=decoder_input_ids)
         candidates = torch.tensor(list(language_tokens), device=self.device)
         return int(candidates[out.logits[0, -1, candidates].argmax()])
 
     @torch.inference_mode()
-    def alignment_weights(self, features: Features, tokens: list[int]) -> torch.Tensor:
-        """Cross-attention of the alignment heads over one teacher-forced pass of `tokens` (for word times).
+    def alignment_weights(
+        self, features: Features, tokens: list[int], lora: LoraWeightsLike | None = None
+    ) -> torch.Tensor:
+        """Cross-attention of the alignment heads over one teacher-forced pass of `tokens` (for word times), with the
+        transcription's LoRA adapter `lora`, if any.
 
         Returns `[heads, len(tokens), 1500]` attention probabilities: row i is what the decoder attends to
         while reading `tokens[i]`. Computed from the heads' own queries and keys, captured with hooks, so it
@@ -223,11 +239,12 @@ class WhisperRunner(Seq2SeqRunner):
             hooks += [_capture(getattr(attention, name), (layer, name), captured) for name in ("q_proj", "k_proj")]
         try:
             features = torch.as_tensor(features, device=self.device, dtype=self.model.dtype)
-            self.model.model(
-                input_features=features.reshape(1, -1, WINDOW_FRAMES),
-                decoder_input_ids=torch.tensor([tokens], device=self.device),
-                use_cache=False,
-            )
+            with self._adapters([lora]):
+                self.model.model(
+                    input_features=features.reshape(1, -1, WINDOW_FRAMES),
+                    decoder_input_ids=torch.tensor([tokens], device=self.device),
+                    use_cache=False,
+                )
         finally:
             for hook in hooks:
                 hook.remove()

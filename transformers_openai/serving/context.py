@@ -60,10 +60,17 @@ class SpeechClient(Protocol):
     """The speech model's work outside the batch (`engine.speech_calls.SpeechCalls`, or a fake in tests)."""
 
     async def detect_language(
-        self, features: NDArray[Any], sot: int, language_tokens: Sequence[int], window: tuple[str, int] | None = None
+        self,
+        features: NDArray[Any],
+        sot: int,
+        language_tokens: Sequence[int],
+        window: tuple[str, int] | None = None,
+        lora: LoraAdapter | None = None,
     ) -> int: ...
 
-    async def alignment_weights(self, features: NDArray[Any], tokens: list[int]) -> Any: ...
+    async def alignment_weights(
+        self, features: NDArray[Any], tokens: list[int], lora: LoraAdapter | None = None
+    ) -> Any: ...
 
     async def release_windows(self, key: str) -> None: ...
 
@@ -176,7 +183,7 @@ class ServingContext:
     # response_schema), and the chat template's variables for every request (a request's own override them).
     reasoning_parser: str = "none"
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    adapters: LoraAdapters | None = None  # a decoder's LoRA adapters, requested by their names (--lora-modules)
+    adapters: LoraAdapters | None = None  # the model's LoRA adapters, requested by their names (--lora-modules)
 
     def image_prompts(self) -> VisionPrompts:
         """The model's prompts with images; a 400 naming the messages for a model that reads none."""

@@ -8,6 +8,7 @@ reused), a window that is likely silence is skipped.
 
 A transcription's windows are named by a key the server makes (never the client's X-Request-Id, which only names
 the log lines): the runner keeps a window's encoder output under that key, and drops it when the transcription ends.
+A request naming a LoRA adapter of the model (`model: "<adapter>"`) has every pass over its audio run with it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from transformers_openai.engine.intra_op_threads import one_torch_thread
+from transformers_openai.engine.lora_adapters import LoraAdapter
 from transformers_openai.engine.request import EngineRequest, RequestOutput
 from transformers_openai.engine.sampling_params import SamplingParams
 from transformers_openai.protocol.audio import (
@@ -67,6 +69,14 @@ class _Audio:
     duration: float
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A transcription's key (names its engine requests and the windows the runner keeps) and its LoRA adapter."""
+
+    key: str
+    lora: LoraAdapter | None
+
+
 @dataclass
 class _Progress:
     """Where a transcription stands."""
@@ -98,20 +108,20 @@ class TranscriptionHandler:
         """The response body (a model, or the string of text/srt/vtt), or a stream of events."""
         self.ctx.check_model(request.model)
         language = self._language(request)
-        key = uuid.uuid4().hex  # names the engine requests and the windows the runner keeps
-        log_id = request_id or key
+        job = _Job(uuid.uuid4().hex, self.ctx.adapter(request.model))
+        log_id = request_id or job.key
         audio = await self._decoded(request, wait_disconnect, log_id)
         prompt = await self._prompt(request)
         try:
             if language is None:
-                language = await self._detect_language(audio, key)
+                language = await self._detect_language(audio, job)
             progress = _Progress(log_id, Transcript(task=request.task, language=language, duration=audio.duration))
             # The first window goes in now, so a full server answers 429 before any response starts.
-            first = self._submit(key, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
+            first = self._submit(job, 0, 0, self._prefix(request, language, prompt), audio, request.temperature)
         except BaseException:
-            self._release(key)
+            self._release(job.key)
             raise
-        segments = self._segments(key, request, language, audio, prompt, progress, first)
+        segments = self._segments(job, request, language, audio, prompt, progress, first)
         if request.stream:
             return self._events(request, progress, segments)
         await until_disconnect(self._collect(segments), wait_disconnect, log_id)
@@ -177,12 +187,13 @@ class TranscriptionHandler:
         ids = await self.ctx.tokenizer.encode_text(" " + request.prompt.strip(), add_special_tokens=False)
         return [token for token in ids if token < self.speech.tokens.eot]
 
-    async def _detect_language(self, audio: _Audio, key: str) -> str:
+    async def _detect_language(self, audio: _Audio, job: _Job) -> str:
         """One decoder step on the first window; its encoder output is kept for that window's decoding."""
         tokens = self.speech.tokens
         window = np.ascontiguousarray(audio.features[:, :WINDOW_FRAMES])
         candidates = dict(tokens.languages)
-        best = await self.speech.calls.detect_language(window, tokens.sot, list(candidates.values()), (key, 0))
+        calls = self.speech.calls
+        best = await calls.detect_language(window, tokens.sot, list(candidates.values()), (job.key, 0), job.lora)
         return next(code for code, token in candidates.items() if token == best)
 
     def _prefix(self, request: TranscriptionRequest, language: str, previous: list[int]) -> list[int]:
@@ -196,7 +207,7 @@ class TranscriptionHandler:
     # -- decoding, window after window
     def _submit(
         self,
-        key: str,
+        job: _Job,
         window: int,
         attempt: int,
         prefix: list[int],
@@ -205,18 +216,20 @@ class TranscriptionHandler:
         seek: int = 0,
     ) -> tuple[str, AsyncIterator[RequestOutput]]:
         """Sends one decoding of one window to the engine; later windows and retries are continuations."""
-        engine_id = f"{key}-w{window}-t{attempt}"
+        engine_id = f"{job.key}-w{window}-t{attempt}"
         limit = min(MAX_TOKENS_PER_WINDOW, self.ctx.max_model_len - len(prefix))
         params = SamplingParams(max_tokens=limit, temperature=temperature, logprobs=0)
         features = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
-        inputs = {"input_features": features, "window": (key, window)}
+        inputs = {"input_features": features, "window": (job.key, window)}
         continuation = window > 0 or attempt > 0
-        request = EngineRequest(engine_id, prefix, params, encoder_inputs=inputs, continuation=continuation)
+        request = EngineRequest(
+            engine_id, prefix, params, encoder_inputs=inputs, continuation=continuation, lora=job.lora
+        )
         return engine_id, self.ctx.engine.submit([request])[0]
 
     async def _segments(
         self,
-        key: str,
+        job: _Job,
         request: TranscriptionRequest,
         language: str,
         audio: _Audio,
@@ -237,7 +250,7 @@ class TranscriptionHandler:
                 prefix = self._prefix(request, language, carried[reset_since:])
                 live = self._live_text(request, audio, seek)
                 attempt: Attempt | None = None
-                decoding = self._decode_window(key, window, prefix, audio, seek, request, pending, live)
+                decoding = self._decode_window(job, window, prefix, audio, seek, request, pending, live)
                 async with contextlib.aclosing(decoding):
                     async for item in decoding:
                         if isinstance(item, Attempt):
@@ -258,7 +271,7 @@ class TranscriptionHandler:
                 words: list[list[TranscriptionWord]] = [[] for _ in split.segments]
                 if request.word_timestamps and split.segments:
                     bounds, words, last_speech = await self._words(
-                        audio, seek, size, split.segments, bounds, last_speech, language
+                        job, audio, seek, size, split.segments, bounds, last_speech, language
                     )
                 for part, (seg_start, seg_end), seg_words in zip(split.segments, bounds, words, strict=True):
                     seg_end = min(seg_end, transcript.duration)
@@ -288,7 +301,7 @@ class TranscriptionHandler:
         finally:
             if pending is not None:
                 self.ctx.engine.abort(pending[0])
-            self._release(key)
+            self._release(job.key)
 
     def _release(self, key: str) -> None:
         """Has the runner drop what it kept for the transcription's windows (on the engine thread, after the
@@ -312,7 +325,7 @@ class TranscriptionHandler:
 
     async def _decode_window(
         self,
-        key: str,
+        job: _Job,
         window: int,
         prefix: list[int],
         audio: _Audio,
@@ -329,7 +342,7 @@ class TranscriptionHandler:
             if number == 0 and pending is not None:
                 engine_id, stream = pending
             else:
-                engine_id, stream = self._submit(key, window, number, prefix, audio, hotter, seek)
+                engine_id, stream = self._submit(job, window, number, prefix, audio, hotter, seek)
             outputs = self._attempt(engine_id, stream, hotter, live)
             async with contextlib.aclosing(outputs):
                 async for item in outputs:
@@ -370,6 +383,7 @@ class TranscriptionHandler:
 
     async def _words(
         self,
+        job: _Job,
         audio: _Audio,
         seek: int,
         size: int,
@@ -387,7 +401,7 @@ class TranscriptionHandler:
             at += len(part.text_tokens)
         forced = [*self._untimed_prefix(language), *text, tokens.eot]
         window = np.ascontiguousarray(audio.features[:, seek : seek + WINDOW_FRAMES])
-        weights = await self.speech.calls.alignment_weights(window, forced)
+        weights = await self.speech.calls.alignment_weights(window, forced, job.lora)
         timed = await asyncio.to_thread(
             one_torch_thread(word_timestamps),
             alignment_rows(weights, len(text)),
