@@ -94,17 +94,9 @@ def whisper_loras(whisper_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def whisper_server(whisper_dir: Path, whisper_loras: Path, server_logs: Path) -> Iterator[ServerProcess]:
-    """Whisper tiny.en; a 3 MB upload limit so that the 413 is cheap to reach; the LoRA adapter `whisper-a` served
-    from the start, others loaded at run time from `whisper_loras` (requests naming the model never use them)."""
-    lora = [
-        "--lora-modules",
-        f"whisper-a={whisper_loras / 'a'}",
-        "--allow-runtime-lora",
-        "--lora-dir",
-        str(whisper_loras),
-    ]
-    server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000", *lora)
+def whisper_server(whisper_dir: Path, server_logs: Path) -> Iterator[ServerProcess]:
+    """Whisper tiny.en; a 3 MB upload limit so that the 413 is cheap to reach."""
+    server = start_server(whisper_dir, server_logs, "--max-batch-size", "16", "--max-audio-bytes", "3000000")
     yield server
     server.stop()
 

@@ -27,7 +27,7 @@ from openai.types.audio.transcription import UsageDuration
 
 from tests.audio_encoding import low_rate_matroska, low_rate_wav, silent_flac
 from tests.e2e.conftest import async_client, sync_client
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, wait_for
 from tests.e2e.speech_reference import generate_text, samples, silences, word_error_rate, words
 from tests.e2e.test_transcription_stream import stream_counting_steps
 
@@ -207,11 +207,12 @@ def test_a_disconnect_mid_long_form_frees_its_rows(whisper_server: ServerProcess
             pass
         else:
             pytest.fail("the transcription should take longer than the client waits")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and whisper_server.engine_state()["in_flight"]:
-            time.sleep(0.1)
-        state = whisper_server.engine_state()
-        assert state["rows_in_use"] == 0 and state["in_flight"] == 0 and state["waiting"] == 0, state
+
+        def idle() -> bool:  # the request leaves in_flight first; its rows come free at the engine's next step
+            state = whisper_server.engine_state()
+            return bool(state["rows_in_use"] == 0 and state["in_flight"] == 0 and state["waiting"] == 0)
+
+        assert wait_for(idle, 10), whisper_server.engine_state()
     assert "client disconnected" in whisper_server.log()
 
 
@@ -258,7 +259,7 @@ def test_kinds_refuse_each_others_endpoints(
     with pytest.raises(openai.BadRequestError, match="text model"):
         transcribe(tiny_server, audio_dir / "flite-s1.wav")
     models = sync_client(whisper_server).models.list()
-    assert [m.id for m in models.data if getattr(m, "parent", None) is None] == [MODEL]  # and its LoRA adapters
+    assert [m.id for m in models.data] == [MODEL]
 
 
 def test_metrics_count_audio(whisper_server: ServerProcess, audio_dir: Path) -> None:
