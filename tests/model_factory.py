@@ -287,16 +287,18 @@ if __name__ == "__main__":
 
 
 @built_once
-def build_tiny_lora(dest: Path, base: Path, seed: int, rank: int = 8, targets: Sequence[str] | None = None) -> Path:
+def build_tiny_lora(
+    dest: Path, base: Path, seed: int, rank: int = 8, targets: Sequence[str] | None = None, scale: float = 0.2
+) -> Path:
     """A LoRA adapter made with PEFT on the model at `base` (a decoder's attention and MLP layers, or the layers
-    `targets` names), in PEFT's format, with random `lora_B` weights (PEFT starts them at zero) large enough to change
-    greedy answers; `seed` tells adapters apart."""
+    `targets` names), in PEFT's format, with random weights of standard deviation `scale` (PEFT starts `lora_B` at
+    zero) large enough to change greedy answers; `seed` tells adapters apart."""
     if (dest / "adapter_config.json").exists():
         return dest
     from loadtest.lora_adapters import TARGETS, make_adapter
 
     tmp = dest.with_name(dest.name + ".tmp")
-    make_adapter(base, tmp, seed, rank, scale=0.2, targets=targets or TARGETS)
+    make_adapter(base, tmp, seed, rank, scale=scale, targets=targets or TARGETS)
     tmp.rename(dest)
     return dest
 
