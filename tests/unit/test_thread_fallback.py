@@ -133,6 +133,43 @@ def test_the_full_count_returns_once_it_beats_the_reduced_one_again(
     assert policy.fallbacks == 2
 
 
+def test_a_lucky_probe_beside_the_neighbour_is_taken_back_within_seconds(
+    policy: ThreadFallback, clock: FakeClock
+) -> None:
+    """Three fast probe steps while the neighbour is still there bring two threads back; their steps then take twice
+    their usual time, which is below the slow factor and never called slow. One thread is tried again after the
+    probe interval, not after `explore_every_s`, and wins."""
+    fall_back(policy)
+    steps(policy, ONE_THREAD, 10)
+    clock.now += 2.0
+    steps(policy, ONE_THREAD, 1)
+    assert steps(policy, USUAL, 3) == [2, 2, 2]  # the lucky probe
+    assert steps(policy, 2 * USUAL, 10) == [2] * 10  # twice as slow: not slow enough to fall back on its own
+    clock.now += 2.0
+    assert steps(policy, 2 * USUAL, 1) == [1]  # time to try one thread again
+    assert steps(policy, ONE_THREAD, 3) == [1, 1, 1]  # faster than two threads are now: one it is
+    assert policy.fallbacks == 2
+
+
+def test_after_a_return_the_tries_of_fewer_threads_space_out_on_free_cores(
+    policy: ThreadFallback, clock: FakeClock
+) -> None:
+    fall_back(policy)
+    steps(policy, ONE_THREAD, 10)
+    clock.now += 2.0
+    steps(policy, ONE_THREAD, 1)
+    assert steps(policy, USUAL, 3) == [2, 2, 2]  # the cores are free again
+    waits = []
+    for _ in range(6):
+        start = clock.now
+        while steps(policy, USUAL, 1) == [2]:
+            clock.now += 0.5
+        waits.append(clock.now - start)
+        assert steps(policy, 2 * ONE_THREAD, 1) == [2]  # one thread slower than two: back at once, one step lost
+    assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert policy.fallbacks == 1
+
+
 def test_one_thread_faster_than_two_on_free_cores_keeps_one(policy: ThreadFallback, clock: FakeClock) -> None:
     """Like with like: the probe compares two threads now with one thread now, not with two threads before."""
     fall_back(policy)

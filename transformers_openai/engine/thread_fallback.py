@@ -13,7 +13,11 @@ beside a neighbour). A probe step slower than that ends the probe at once, so a 
 step per probe; since such a step can take seconds, the next probe waits at least three times as long. And every
 `explore_every_s` on the full count it tries the reduced count for `probe_steps` steps, kept if they are all faster
 than the full count's usual time now: cores busy since the start (a server started beside a neighbour, a machine
-loaded throughout) make a slow time the usual one, which no slowdown would reveal.
+loaded throughout) make a slow time the usual one, which no slowdown would reveal. Right after a probe brought the
+full count back, that try comes after `probe_every_s`, and twice as long after each try that kept the full count, up
+to `explore_every_s`: a probe's few fast steps can be luck beside a neighbour that is still there (the other thread
+given its core for a moment), and a slowdown below `slow_factor` (two threads taking twice their time) is never
+called slow, so only a try of the reduced count corrects it.
 
 The policy only decides; the caller sets the threads (`IntraOpThreads`). Its cost per step is a dictionary look-up,
 a comparison and an append; medians are recomputed every few samples.
@@ -93,6 +97,7 @@ class ThreadFallback:
         self._next_probe = 0.0
         self._explore_every_s = explore_every_s
         self._exploring = 0  # steps on the reduced count still to pass while on the full count (0: not exploring)
+        self._explore_wait_s = explore_every_s
         self._next_explore = clock() + explore_every_s
 
     def after_step(self, rows: int, seconds: float) -> int:
@@ -139,7 +144,8 @@ class ThreadFallback:
             self._recent_of(self.reduced, shape).add(seconds)
         if full is None or not full.known or seconds >= full.median:  # unknown shape: back, to learn its time
             self.threads, self._exploring = self.full, 0
-            self._next_explore = self._clock() + self._explore_every_s
+            self._explore_wait_s = min(2 * self._explore_wait_s, self._explore_every_s)
+            self._next_explore = self._clock() + self._explore_wait_s
             return
         self._exploring -= 1
         if not self._exploring:
@@ -188,5 +194,6 @@ class ThreadFallback:
         self._recent_of(self.full, shape).add(seconds)
         self._probing -= 1
         if not self._probing:
-            self._next_explore = self._clock() + self._explore_every_s
+            self._explore_wait_s = self._probe_every_s  # soon: the probe may have been luck beside the neighbour
+            self._next_explore = self._clock() + self._explore_wait_s
             logger.warning("steps on %d threads are fast again: the cores are free, back to %d", self.full, self.full)
