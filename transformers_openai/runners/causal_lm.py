@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from transformers_openai.runners.kernels import paged_decode_kernel
 from transformers_openai.runners.kernels.paged_attention import use_paged_attention
 from transformers_openai.runners.kv.block_table import BlockTable
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace
-from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, wrap_linear_layers
+from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, rows_using, wrap_linear_layers
 from transformers_openai.runners.prefill_groups import length_groups
 from transformers_openai.runners.steps.background_steps import BackgroundSteps
 from transformers_openai.runners.steps.fixed_steps import FixedSteps
@@ -77,9 +77,7 @@ class CausalLMRunner:
 
     def _adapters(self, adapters: Sequence[LoraWeightsLike | None]) -> AbstractContextManager[None]:
         """The forwards run inside apply `adapters[i]` to row `i`."""
-        if self.lora is None:
-            return nullcontext()
-        return self.lora.using(adapters, self.device)
+        return rows_using(self.lora, adapters, self.device)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         """Tensor parallelism first (the executor runs each step on every rank), then CUDA graphs, or on a CPU the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from transformers_openai.runners.kv.cross_cache import CrossKVCache
 from transformers_openai.runners.kv.kv_cache import cache_keyword, layer_tensors
 from transformers_openai.runners.kv.kv_pool import KVPool, KVSpace, self_attention_geometry
 from transformers_openai.runners.kv.paged_cache import StepPlan
-from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, wrap_linear_layers
+from transformers_openai.runners.lora.layers import LoraRows, LoraWeightsLike, rows_using, wrap_linear_layers
 from transformers_openai.runners.packed_linear import unfuse_activations
 from transformers_openai.runners.slots import SlotTable
 
@@ -87,9 +87,7 @@ class Seq2SeqRunner:
 
     def _adapters(self, adapters: Sequence[LoraWeightsLike | None]) -> AbstractContextManager[None]:
         """The forwards run inside apply `adapters[i]` to row `i` of their batch."""
-        if self.lora is None:
-            return nullcontext()
-        return self.lora.using(adapters, self.device)
+        return rows_using(self.lora, adapters, self.device)
 
     def prepare(self, acceleration: Acceleration) -> Prepared:
         return Prepared()  # its steps run eagerly

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -140,6 +140,14 @@ class LoraRows:
         if pairs is None:
             pairs = stacked.layers[name] = _stack(name, features, stacked, like)
         return pairs
+
+
+def rows_using(
+    rows: LoraRows | None, adapters: Sequence[LoraWeightsLike | None], device: torch.device
+) -> AbstractContextManager[None]:
+    """A runner's forwards run inside apply `adapters[i]` to row `i` (`rows.using`); nothing to apply where the model
+    serves no adapters (`rows` None)."""
+    return nullcontext() if rows is None else rows.using(adapters, device)
 
 
 def group_rows(
