@@ -124,6 +124,12 @@ class Metrics:
             "step is made in the background, then 1 once it is swapped in.",
         )
         self.decode_step_compiled.labels(model_name).set(0)
+        self.decode_step_compiling = gauge(
+            "decode_step_compiling",
+            "Whether the compiled decode step is being made in the background (1, eager steps serving meanwhile), on a "
+            "CPU: 0 once it is made (the next step swaps it in) or cannot be had.",
+        )
+        self.decode_step_compiling.labels(model_name).set(0)
         self.audio_seconds = counter("audio_seconds_total", "Seconds of audio transcribed or translated.")
         self.real_time_factor = histogram(
             "audio_real_time_factor", "Processing time over audio duration, per transcription.", _RTF_BUCKETS
@@ -141,6 +147,7 @@ class Metrics:
             load_gauge.labels(model_name).set(0)
         self.thread_fallbacks.labels(model_name)
         self.decode_step_compiled.labels(model_name).set(0)
+        self.decode_step_compiling.labels(model_name).set(0)
         return view
 
     def on_model_unloaded(self) -> None:
@@ -155,8 +162,10 @@ class Metrics:
     def on_model_loaded(self, kind: str, quantization: str) -> None:
         self.model_info.labels(self._model, kind, quantization).set(1)
 
-    def on_decode_step_compiled(self, compiled: bool) -> None:
-        self.decode_step_compiled.labels(self._model).set(1 if compiled else 0)
+    def on_decode_step(self, step: str) -> None:
+        """The decode step in use: "compiling" or "ready" (eager meanwhile), "compiled" or "eager"."""
+        self.decode_step_compiled.labels(self._model).set(1 if step == "compiled" else 0)
+        self.decode_step_compiling.labels(self._model).set(1 if step == "compiling" else 0)
 
     # -- EngineObserver
     def on_step(self, stats: StepStats) -> None:

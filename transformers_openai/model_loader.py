@@ -54,7 +54,7 @@ from transformers_openai.parallel.leader import Leader
 from transformers_openai.parallel.ranks import Ranks, join_ranks
 from transformers_openai.parallel.rendezvous import LoopbackRendezvous
 from transformers_openai.quantization import plan_quantization
-from transformers_openai.runners.base import Acceleration, ModelRunner, SpeechRunner
+from transformers_openai.runners.base import Acceleration, DecodeStep, ModelRunner, SpeechRunner
 from transformers_openai.runners.causal_lm import CausalLMRunner
 from transformers_openai.runners.kernels.int8_gemv_kernel import use_rows_kernel
 from transformers_openai.runners.kv.kv_pool import KVSpace
@@ -368,7 +368,7 @@ def _generation_context(
     runner, speech_runner = spec.build_runner(model, rows, max_len, max_input_len or max_len, kv_space)
     phases.done("K/V cache")
     adapters = _lora_adapters(settings, kind, runner, model)
-    on_compiled = observer.on_decode_step_compiled if isinstance(observer, Metrics) else None
+    on_compiled = observer.on_decode_step if isinstance(observer, Metrics) else None
     prepared = runner.prepare(_acceleration(settings, model, quantization, leader, ranks, kv_space, on_compiled))
     for done in prepared.done:
         phases.done(done)
@@ -444,7 +444,7 @@ def _acceleration(
     leader: Leader | None,
     ranks: Ranks | None,
     kv_space: KVSpace,
-    on_compiled: Callable[[bool], None] | None = None,
+    on_compiled: Callable[[DecodeStep], None] | None = None,
 ) -> Acceleration:
     """What a runner may set up before serving: on a GPU CUDA graphs; on a CPU decode steps compiled (quantized layers
     keep their own kernels, eagerly) and kernels that read K/V in place, kept in the compile store: compiled in a

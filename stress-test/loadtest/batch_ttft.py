@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from loadtest.loadclient import RequestSpec, pick_prompt, send
-from loadtest.server import ServerOptions, local_server, served_model
+from loadtest.server import ServerOptions, local_server, runs_compiled, served_model, wait_compiled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINAL = ("completed", "failed", "cancelled", "expired")
@@ -91,20 +91,6 @@ async def ttfts(
     return [t for times in per_client for t in times]
 
 
-async def wait_compiled(client: httpx.AsyncClient, root: str, timeout_s: float) -> bool:
-    """Waits until the server runs its compiled decode step (a CPU server swaps it in after start), so both phases
-    see the same step; False if it did not within `timeout_s` (or the server does not compile)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = (await client.get(f"{root}/metrics")).text
-        if any(
-            line.split("{")[0].endswith("decode_step_compiled") and line.endswith(" 1.0") for line in text.splitlines()
-        ):
-            return True
-        await asyncio.sleep(1)
-    return False
-
-
 async def measure(args: argparse.Namespace, root_url: str) -> dict[str, Any]:
     root = root_url.rstrip("/")
     base = root + "/v1"
@@ -114,8 +100,9 @@ async def measure(args: argparse.Namespace, root_url: str) -> dict[str, Any]:
     samples: dict[int, dict[str, list[float]]] = {c: {"idle": [], "batch": []} for c in args.concurrency}
     answered = 0
     async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
-        compiled = await wait_compiled(client, root, args.wait_compiled_s)
+        await asyncio.to_thread(wait_compiled, root, args.wait_compiled_s)
         await ttfts(client, root, spec, 1, 2)  # warm-up
+        compiled = runs_compiled(root)
         for _ in range(args.rounds):
             for concurrency in args.concurrency:
                 samples[concurrency]["idle"] += await ttfts(client, root, spec, concurrency, args.requests)
@@ -156,7 +143,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="the server's torch threads")
     p.add_argument("--server-arg", action="append", default=[], help="another server flag (repeatable)")
     p.add_argument(
-        "--wait-compiled-s", type=float, default=300, help="wait for the compiled decode step (default: %(default)s)"
+        "--wait-compiled-s",
+        type=float,
+        default=1800,
+        help="wait at most this long while the server compiles its decode step (default: %(default)s)",
     )
     p.add_argument("--out", type=Path, help="also write the report as JSON here")
     return p.parse_args(argv)

@@ -72,7 +72,7 @@ import numpy as np
 
 from loadtest import copy_chat, image_chat
 from loadtest.loadclient import Clip, StreamTimer, load_clips, send_transcription
-from loadtest.server import free_port, is_loopback, served_model, server_command, spawn
+from loadtest.server import free_port, is_loopback, runs_compiled, served_model, server_command, spawn, wait_compiled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("server", "transformers-serve", "generate-loop")  # `all`; `baseline` and `llama-server` when asked for
@@ -154,8 +154,8 @@ def summarize(target: str, conc: int, results: list[Result], wall: float, note: 
     good = [r for r in results if r.ok]
     tokens = sum(r.output_tokens for r in good)
     errors = [r.error for r in results if not r.ok]
-    if errors and not note:
-        note = f"first error: {errors[0]}"[:200]
+    if errors:
+        note = "; ".join(filter(None, (note, f"first error: {errors[0]}")))[:200]
     ttfts, itls = [r.ttft for r in good if r.ttft is not None], [g for r in good for g in r.itls]
     tok_s = round(tokens / wall, 2) if wall > 0 and tokens else None
     per_s = round(len(good) / wall, 2) if wall > 0 and good else None
@@ -377,6 +377,8 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
     model = args.model_name or (args.model.name if target == "llama-server" else str(args.model))
     if target in ("server", "baseline") and not args.model_name:
         model = served_model(base, model)
+    if target in ("server", "baseline"):  # measure the decode step it keeps, not eager steps beside a compiler
+        wait_compiled(base, args.wait_compiled_s)
     # One burst at the highest concurrency first: a freshly started process is slower until its allocator and
     # caches reach their working size (seen: 20-35% longer decode steps than a long-running one in its first waves).
     width = max(args.concurrency)
@@ -384,6 +386,7 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
     warm, _ = asyncio.run(closed_loop(args, target, base, model, warm_up, width, deadline - time.monotonic()))
     if not any(r.ok for r in warm):
         raise RuntimeError(f"warm-up failed: {warm[0].error}")
+    step = "compiled decode step" if target in ("server", "baseline") and runs_compiled(base) else ""
     rows = []
     for conc in args.concurrency:
         left = deadline - time.monotonic()
@@ -392,7 +395,7 @@ def run_levels(args: argparse.Namespace, target: str, base: str, deadline: float
             continue
         prompts = inputs(args, n_requests(args, conc), args.seed)
         results, wall = asyncio.run(closed_loop(args, target, base, model, prompts, conc, left))
-        rows.append(summarize(target, conc, results, wall))
+        rows.append(summarize(target, conc, results, wall, step))
         row = rows[-1]
         rate = f"{row.output_tok_s} tok/s"
         if args.endpoint == "transcription":
@@ -599,6 +602,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0, help="prompt selection seed (default: %(default)s)")
     add("--request-timeout", type=float, default=300.0, help="seconds per request (default: %(default)s)")
     add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health (default: %(default)s)")
+    add(
+        "--wait-compiled-s",
+        type=float,
+        default=1800.0,
+        help="our server: wait at most this long while it compiles its decode step in the background, before any "
+        "request (default: %(default)s)",
+    )
     add("--time-limit", type=float, default=3600.0, help="seconds for the whole run (default: %(default)s)")
     add("--server-arg", action="append", default=[], help="extra argument for our server; repeatable")
     add("--out", type=Path, help="JSON report (default: results/compare-<timestamp>.json, logs beside it)")

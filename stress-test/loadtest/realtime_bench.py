@@ -27,13 +27,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import soundfile
 import soxr
 
-from loadtest.batch_ttft import wait_compiled
-from loadtest.server import ServerOptions, local_server
+from loadtest.server import ServerOptions, local_server, runs_compiled, wait_compiled
 
 RATE = 24000
 CHUNK_MS = 100
@@ -227,7 +225,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument(
-        "--wait-compiled-s", type=float, default=300, help="wait for the compiled decode step (default: %(default)s)"
+        "--wait-compiled-s",
+        type=float,
+        default=1800,
+        help="wait at most this long while the server compiles its decode step (default: %(default)s)",
     )
     parser.add_argument("--server-arg", action="append", default=[], help="extra server option (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write the summary JSON here")
@@ -235,12 +236,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _levels(root_url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
-        compiled = await wait_compiled(client, root_url, args.wait_compiled_s)
-    print(json.dumps({"decode_step_compiled": compiled}), flush=True)
+    await asyncio.to_thread(wait_compiled, root_url, args.wait_compiled_s)
     url = root_url.replace("http://", "ws://", 1) + "/v1/realtime?intent=transcription"
     clips = [pcm24k(args.audio_dir / name) for name in args.clips.split(",")]
     await speak(url, clips[:1], pace=0)  # warm-up: the first turn loads decoders and the resampler
+    compiled = runs_compiled(root_url)
+    print(json.dumps({"decode_step_compiled": compiled}), flush=True)
     results: list[dict[str, Any]] = []
     for level in (int(value) for value in args.levels.split(",")):
         summary = (await run_level(url, clips, level, args.seconds)).summary(args.budget)

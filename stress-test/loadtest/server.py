@@ -191,6 +191,36 @@ def served_model(base_url: str, fallback: str, trust_env: bool = False) -> str:
     return fallback
 
 
+def _gauges(root_url: str, names: Sequence[str]) -> dict[str, float]:
+    """The values of the named gauges (any labels, the last line of each) on GET /metrics; {} on failure."""
+    try:
+        text = httpx.get(f"{root_url}/metrics", timeout=10, trust_env=False).text
+    except httpx.HTTPError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0].rsplit(":", 1)[-1]
+        if name in names and not line.startswith("#"):
+            found[name] = float(line.split()[-1])
+    return found
+
+
+def wait_compiled(root_url: str, timeout_s: float) -> None:
+    """Waits (at most `timeout_s`) while the server makes its compiled decode step in the background (`/metrics`
+    `decode_step_compiling`: eager steps and a compiler share the cores meanwhile), so that a run measures the step
+    the server keeps: its next step swaps it in (a warm-up request). At once for a server or peer without the gauge."""
+    deadline = time.monotonic() + timeout_s
+    while _gauges(root_url, ("decode_step_compiling",)).get("decode_step_compiling") == 1.0:
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(2)
+
+
+def runs_compiled(root_url: str) -> bool:
+    """Whether the server's decode steps run compiled (`/metrics` `decode_step_compiled`; False without it)."""
+    return _gauges(root_url, ("decode_step_compiled",)).get("decode_step_compiled") == 1.0
+
+
 def server_version(base_url: str, trust_env: bool = False) -> str | None:
     """Title and version from the server's OpenAPI document (FastAPI servers publish one), else None."""
     spec: Any = get_json(f"{base_url}/openapi.json", trust_env) or {}

@@ -11,16 +11,20 @@ import httpx
 
 from tests.e2e.server import ServerProcess, start_server
 
-GAUGE = "transformers_openai:decode_step_compiled"
+PREFIX = "transformers_openai:"
 COMPILE_TIMEOUT_S = 900  # a tiny model's two graphs: minutes of a busy 2-core machine
 
 
-def compiled(server: ServerProcess) -> float:
-    """The server's `decode_step_compiled` gauge."""
+def gauge(server: ServerProcess, name: str) -> float:
+    """One of the server's gauges, of its one model."""
     text = httpx.get(f"{server.root_url}/metrics", timeout=10).text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(GAUGE + "{")]
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(PREFIX + name + "{")]
     assert len(values) == 1, text
     return values[0]
+
+
+def compiled(server: ServerProcess) -> float:
+    return gauge(server, "decode_step_compiled")
 
 
 def answer(server: ServerProcess, max_tokens: int = 24) -> str:
@@ -43,7 +47,7 @@ def test_a_fresh_server_answers_eagerly_then_from_the_compiled_step(
     store = tmp_path / "compiled-steps"
     server = start_server(tiny_llama_dir, server_logs, "--cpu-compile", "--compile-cache-dir", str(store))
     try:
-        assert compiled(server) == 0
+        assert compiled(server) == 0 and gauge(server, "decode_step_compiling") == 1
         eager = answer(server)
         assert compiled(server) == 0  # the answer came from the eager step
         deadline = time.monotonic() + COMPILE_TIMEOUT_S
@@ -53,6 +57,7 @@ def test_a_fresh_server_answers_eagerly_then_from_the_compiled_step(
             time.sleep(2)
             answer(server, max_tokens=2)
         assert answer(server) == eager
+        assert gauge(server, "decode_step_compiling") == 0
         log = server.log()
         assert "compiling the decode step" in log and "decode steps now run compiled" in log
         assert len(list(store.glob("decode-*.bin"))) == 2

@@ -185,7 +185,7 @@ def test_a_background_compile_that_fails_leaves_eager_steps_serving(
     """The server's compiled step is made in the background (`compile_in_background`): when its compile fails,
     steps go on eagerly with the same outputs, and the log says so."""
     runner = CausalLMRunner(model, max_rows=5, max_model_len=128)
-    told: list[bool] = []
+    told: list[str] = []
 
     def fails() -> None:
         raise RuntimeError("the compile process exited with code 1")
@@ -196,7 +196,7 @@ def test_a_background_compile_that_fails_leaves_eager_steps_serving(
         assert background is not None and background.finished.wait(120)
         assert drive(runner, tokenizer, prompts) == reference
     assert runner.fixed is None and runner._background is None
-    assert told == [False]
+    assert told == ["compiling", "eager"]
     assert "decode steps stay eager" in caplog.text
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from numpy.typing import NDArray
@@ -20,6 +20,10 @@ from transformers_openai.runners.lora.layers import LoraWeightsLike
 
 if TYPE_CHECKING:  # the engine imports this module: not the model code behind the executors
     from transformers_openai.runners.steps.paged_step import StepExecutor
+
+# The decode step a CPU server runs: eager while its compiled step is made in the background ("compiling") and once
+# made until the next step swaps it in ("ready"), then "compiled"; or "eager" for good (no compile, or it failed).
+DecodeStep = Literal["compiling", "ready", "compiled", "eager"]
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,7 @@ class Acceleration:
     starts; `distribute` wraps its step executor to run every step on all tensor-parallel ranks. With
     `compile_elsewhere` (compiles this model's steps into `store` in another process, returning when done), the
     compiled steps are made ready in the background and swapped in while eager steps serve; `on_compiled` is told
-    whether decode steps run compiled."""
+    each change of the decode step in use (`DecodeStep`)."""
 
     graphs: bool = False
     compiled: bool = False
@@ -168,7 +172,7 @@ class Acceleration:
     store: Path | None = None
     distribute: Callable[[StepExecutor], StepExecutor] | None = None
     compile_elsewhere: Callable[[], None] | None = None
-    on_compiled: Callable[[bool], None] | None = None
+    on_compiled: Callable[[DecodeStep], None] | None = None
 
 
 @dataclass(frozen=True)

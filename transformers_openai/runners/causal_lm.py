@@ -16,6 +16,7 @@ from transformers_openai.int8_linear import quantizes_activations
 from transformers_openai.runners.base import (
     Acceleration,
     DecodeRow,
+    DecodeStep,
     PrefillOutput,
     PrefillRow,
     Prepared,
@@ -137,7 +138,10 @@ class CausalLMRunner:
 
     @torch.inference_mode()
     def compile_in_background(
-        self, store: Path, compile_elsewhere: Callable[[], None], on_compiled: Callable[[bool], None] | None = None
+        self,
+        store: Path,
+        compile_elsewhere: Callable[[], None],
+        on_compiled: Callable[[DecodeStep], None] | None = None,
     ) -> bool:
         """Decode steps run eagerly now and compiled once `compile_elsewhere` has compiled them into `store` (or
         at once from there where an earlier start did) and they are loaded: swapped in by `execute` between two

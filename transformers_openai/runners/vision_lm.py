@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from transformers_openai.runners.base import (
     Acceleration,
     DecodeRow,
+    DecodeStep,
     PrefillOutput,
     PrefillRow,
     Prepared,
@@ -116,7 +117,10 @@ class VisionLMRunner(CausalLMRunner):
         return super().fix_steps(graphs, buckets, compiled, prefills, store)
 
     def compile_in_background(
-        self, store: Path, compile_elsewhere: Callable[[], None], on_compiled: Callable[[bool], None] | None = None
+        self,
+        store: Path,
+        compile_elsewhere: Callable[[], None],
+        on_compiled: Callable[[DecodeStep], None] | None = None,
     ) -> bool:
         """As a decoder's, except for a model with multimodal positions (as `fix_steps`)."""
         if self._mrope is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from transformers_openai.runners.base import DecodeStep
 from transformers_openai.runners.steps.fixed_steps import FixedSteps
 from transformers_openai.runners.steps.step_store import last_compile_seconds, record_compile_seconds
 
@@ -35,7 +36,8 @@ class BackgroundSteps:
         model_key: what names the model and its weights' layout in the store's key.
         compile_elsewhere: compiles this model's decode steps into `store` elsewhere (a child process) and returns
             when done; raises when it fails.
-        on_change: told whether decode steps run compiled, at start (False) and when they are swapped in (True).
+        on_change: told the decode step in use: "compiling" at start, "ready" once made, "compiled" once swapped
+            in, or "eager" where the compiled step cannot be had.
     """
 
     def __init__(
@@ -44,7 +46,7 @@ class BackgroundSteps:
         store: Path,
         model_key: Sequence[str],
         compile_elsewhere: Callable[[], None],
-        on_change: Callable[[bool], None] | None = None,
+        on_change: Callable[[DecodeStep], None] | None = None,
     ) -> None:
         self._fixed = fixed
         self._store = store
@@ -58,8 +60,7 @@ class BackgroundSteps:
         self._thread = threading.Thread(target=self._prepare, name="decode-step-compile", daemon=True)
 
     def start(self) -> None:
-        if self._on_change is not None:
-            self._on_change(False)
+        self._tell("compiling")
         self._thread.start()
 
     def take(self) -> FixedSteps | None:
@@ -75,6 +76,7 @@ class BackgroundSteps:
                 self._fixed.install(steps)
         except Exception:
             logger.warning("the compiled decode step failed its first run: decode steps stay eager", exc_info=True)
+            self._tell("eager")
             return None
         took = "" if self._compile_seconds is None else f", compiled in {self._compile_seconds:.0f} s"
         logger.info(
@@ -83,19 +85,25 @@ class BackgroundSteps:
             took,
             time.monotonic() - began,
         )
-        if self._on_change is not None:
-            self._on_change(True)
+        self._tell("compiled")
         return self._fixed
 
     def _prepare(self) -> None:
         torch.set_num_threads(1)
+        steps = None
         try:
             with torch.inference_mode():  # the global state the steps were compiled under
-                self._ready = self._load_or_compile()
+                steps = self._load_or_compile()
         except Exception:
             logger.warning("the decode step could not be compiled: decode steps stay eager", exc_info=True)
         finally:
+            self._tell("eager" if steps is None else "ready")
+            self._ready = steps
             self.finished.set()
+
+    def _tell(self, step: DecodeStep) -> None:
+        if self._on_change is not None:
+            self._on_change(step)
 
     def _load_or_compile(self) -> dict[int, Callable[..., torch.Tensor]] | None:
         """The stored steps, loaded; compiled into the store first where it lacks them or holds ones that cannot be
