@@ -58,7 +58,7 @@ def test_a_strided_input_and_a_missing_variant(kernels: Path) -> None:
 
 def test_a_packed_layer_sends_few_rows_to_the_kernel(kernels: Path) -> None:
     """1-4 rows give exactly the kernel's result, 5 exactly oneDNN's; both agree with `nn.Linear`, eagerly and in a
-    compiled graph (one opaque operator choosing at run time)."""
+    compiled graph (one C++ operator choosing at run time, `gemv_kernel.linear`)."""
     linear = torch.nn.Linear(70, 45)
     layer, plain = PackedLinear(linear, rows_kernel=True), PackedLinear(linear)
     assert "rows_kernel=True" in repr(layer)
@@ -72,6 +72,7 @@ def test_a_packed_layer_sends_few_rows_to_the_kernel(kernels: Path) -> None:
             routed = gemv_kernel.gemv(x, blocked, linear.bias, 45) if rows <= 4 else plain(x)
             assert torch.equal(layer(x), routed)
             assert torch.equal(compiled(x), routed)
+            assert torch.equal(gemv_kernel.linear(x, layer.packed_weight, linear.bias, blocked), routed)
             torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
 
 

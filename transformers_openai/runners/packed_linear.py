@@ -56,8 +56,11 @@ class PackedLinear(torch.nn.Module):
         rows = x.reshape(-1, self.in_features)
         weight, bias = self.weight, cast(torch.Tensor | None, self.bias)
         blocked = cast(torch.Tensor | None, self.blocked_weight)
-        if torch.compiler.is_compiling():  # one opaque call in a compiled graph (`register_compilable_op`)
-            y: torch.Tensor = torch.ops.transformers_openai.packed_linear(rows, weight, bias, blocked)
+        if torch.compiler.is_compiling():  # one opaque call in a compiled graph
+            if blocked is not None:  # the kernel's C++ operator: no Python between the graph and the product
+                y: torch.Tensor = gemv_kernel.linear(rows, weight, bias, blocked)
+            else:  # `register_compilable_op`
+                y = torch.ops.transformers_openai.packed_linear(rows, weight, bias, blocked)
             if self.activation == "gelu":
                 y = torch.nn.functional.gelu(y)  # the compiler fuses it with what follows
         elif blocked is not None and rows.shape[0] <= gemv_kernel.MAX_ROWS:

@@ -6,7 +6,8 @@ two fifths of the memory's speed. This kernel (`csrc/gemv.cpp`) reads a copy of 
 (`block_weight`: blocks of 16 output features, their columns interleaved, each block one contiguous stream) with one
 fused multiply-add per row for every 16 weights loaded: AVX-512 where the CPU has it, else AVX2 with FMA, else plain
 C++, chosen when called from what the CPU reports. It registers `torch.ops.transformers_openai.gemv`, which
-`PackedLinear` calls (also from compiled graphs, as an opaque step) for inputs of at most `MAX_ROWS` rows.
+`PackedLinear` calls for inputs of at most `MAX_ROWS` rows, and `gemv_linear`, the layer's whole product (the kernel
+or oneDNN's by the rows), which compiled graphs call as one opaque step.
 
 Built and kept like the paged decode kernel (`native_build.py`)."""
 
@@ -36,6 +37,7 @@ def load(directory: Path) -> bool:
     if not build_and_load(SOURCE_FILE, "gemv", directory, "matrix-vector kernel"):
         return False
     torch.library.register_fake(OP, _output_shape)
+    torch.library.register_fake("transformers_openai::gemv_linear", _linear_shape)
     return True
 
 
@@ -62,6 +64,14 @@ def gemv(
     return y
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocked: torch.Tensor) -> torch.Tensor:
+    """A packed linear layer's `x W^T + b` given both its layouts: `blocked` (`block_weight`) multiplies inputs of at
+    most `MAX_ROWS` rows, oneDNN's packed `weight` more; one C++ operator, which a compiled graph calls without
+    entering Python."""
+    y: torch.Tensor = torch.ops.transformers_openai.gemv_linear(x, weight, bias, blocked)
+    return y
+
+
 def variants() -> list[int]:
     """The kernel's variants this CPU runs (PLAIN always), fastest last."""
     return [v for v in (PLAIN, AVX2, AVX512) if torch.ops.transformers_openai.gemv_has_variant(v)]
@@ -70,6 +80,12 @@ def variants() -> list[int]:
 def best_variant() -> int:
     """The variant `gemv` runs when not told."""
     return int(torch.ops.transformers_openai.gemv_variant())
+
+
+def _linear_shape(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocked: torch.Tensor
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def _output_shape(

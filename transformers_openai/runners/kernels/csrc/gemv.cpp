@@ -6,6 +6,8 @@
 //   stretch of memory read front to back, so the whole weight is one stream the CPU's prefetchers follow, and each
 //   load of 16 weights feeds one fused multiply-add per row with no sums across lanes at the end. (No software
 //   prefetch: on one sequential stream the hardware's does as well or better.)
+// - transformers_openai::gemv_linear(x, weight, bias?, blocked) -> [rows, out]: a packed linear layer with both
+//   layouts, `gemv` for at most four rows and oneDNN's packed product (`weight`) for more; what compiled graphs call.
 //
 // The rows go four at a time over each block (a decode step of 1-4 rows reads every weight once); the variant
 // (AVX-512, AVX2 with FMA, or plain C++) is chosen when called from what the CPU reports, or forced by `variant` (the
@@ -13,6 +15,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -195,6 +199,20 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& blocked, const c10::optio
   return out;
 }
 
+// A packed linear layer's product, both of its layouts given: the kernel above for at most four rows, oneDNN's packed
+// product (`weight`, from mkldnn::_reorder_linear_weight) for more. What a compiled graph calls: the dispatcher runs
+// it from the graph's C++ without entering Python.
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                       const at::Tensor& blocked) {
+  if (x.size(0) <= kMaxRows) return gemv(x, blocked, bias, weight.size(0), kAuto);
+  static const c10::OperatorHandle packed =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{
+      x, weight, bias, c10::IValue("none"), c10::IValue(c10::List<c10::optional<c10::Scalar>>()), c10::IValue("")};
+  packed.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 // The variant `gemv` runs when not told: 3 AVX-512, 2 AVX2 with FMA, 1 plain C++.
 int64_t gemv_variant() { return best_variant(); }
 
@@ -204,8 +222,12 @@ bool gemv_has_variant(int64_t variant) { return has_variant(variant); }
 
 TORCH_LIBRARY_FRAGMENT(transformers_openai, m) {
   m.def("gemv(Tensor x, Tensor blocked, Tensor? bias, int out_features, int variant=0) -> Tensor");
+  m.def("gemv_linear(Tensor x, Tensor weight, Tensor? bias, Tensor blocked) -> Tensor");
   m.def("gemv_variant() -> int", &gemv_variant);
   m.def("gemv_has_variant(int variant) -> bool", &gemv_has_variant);
 }
 
 TORCH_LIBRARY_IMPL(transformers_openai, CPU, m) { m.impl("gemv", &gemv); }
+
+// For any backend: oneDNN's packed weight is a tensor of its own (MkldnnCPU), the input a plain one.
+TORCH_LIBRARY_IMPL(transformers_openai, CompositeExplicitAutograd, m) { m.impl("gemv_linear", &gemv_linear); }
