@@ -101,12 +101,18 @@ class Int8Linear(torch.nn.Module):
         self.blocked_weight, self.weight_sums = blocked, sums
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor
         rows = x.reshape(-1, self.in_features).float()
         blocked, sums = self.blocked_weight, self.weight_sums
-        # 1-4 rows through the kernel, the same bits as below; compiled graphs keep the product inductor traces.
-        few = rows.shape[0] <= KERNEL_MAX_ROWS and not torch.compiler.is_compiling()
-        if few and blocked is not None and sums is not None:
-            y: torch.Tensor = torch.ops.transformers_openai.int8_gemv(
+        if torch.compiler.is_compiling() and blocked is not None and sums is not None:
+            # One opaque C++ operator in the graph: the kernel or the passes below, the same bits as eager.
+            y = torch.ops.transformers_openai.int8_linear(
+                rows, self.weight_t, self.weight_scale, self.bias, blocked, sums
+            )
+            return y.view(*x.shape[:-1], self.out_features)
+        # 1-4 rows through the kernel, the same bits as below.
+        if rows.shape[0] <= KERNEL_MAX_ROWS and blocked is not None and sums is not None:
+            y = torch.ops.transformers_openai.int8_gemv(
                 rows, blocked, sums, self.weight_scale, self.bias, self.out_features, 0
             )
             return y.view(*x.shape[:-1], self.out_features)

@@ -48,6 +48,7 @@ from transformers_openai.engine.speculative.config import SpeculativeConfig
 from transformers_openai.engine.speculative.speculator import Speculator
 from transformers_openai.engine.speech_calls import SpeechCalls
 from transformers_openai.engine.stats import EngineObserver
+from transformers_openai.int8_linear import Int8Linear
 from transformers_openai.metrics import Metrics
 from transformers_openai.parallel.checks import tensor_parallel_problem
 from transformers_openai.parallel.leader import Leader
@@ -437,6 +438,16 @@ def _processor(model: str) -> Any:
     return processor
 
 
+def _compilable(model: PreTrainedModel, quantization: str) -> bool:
+    """Whether a CPU model's decode steps may be compiled: float weights, or int8-dynamic's where every int8 layer has
+    the int8 kernel, whose C++ operator the graph calls as it is (the same bits as eager: answers under batching stay
+    those of each request alone). Other quantized layers keep their own kernels, eagerly."""
+    if quantization == "none":
+        return True
+    int8_layers = [module for module in model.modules() if isinstance(module, Int8Linear)]
+    return quantization == "int8-dynamic" and all(layer.blocked_weight is not None for layer in int8_layers)
+
+
 def _acceleration(
     settings: Settings,
     model: PreTrainedModel,
@@ -457,7 +468,7 @@ def _acceleration(
         return Acceleration(distribute=distribute)
     if model.device.type == "cuda":
         return Acceleration(graphs=True, distribute=distribute)
-    compiled = settings.cpu_compile and quantization == "none"
+    compiled = settings.cpu_compile and _compilable(model, quantization)
     if compiled and not has_cxx_compiler():
         logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
         compiled = False

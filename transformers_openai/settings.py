@@ -157,7 +157,8 @@ class Settings(BaseSettings):
     cpu_compile: bool = Field(
         True,
         description="On a CPU, run a plain causal decoder's decode steps compiled by torch.compile (inductor's C++ "
-        "kernels and a C++ wrapper calling them: 10-30% shorter steps; without a C++ compiler they run eagerly). The "
+        "kernels and a C++ wrapper calling them: 10-30% shorter steps; without a C++ compiler they run eagerly), float "
+        "weights or --quantization int8-dynamic's (its int8 layers where the int8 kernel serves them). The "
         "server answers at once with eager steps while a child process compiles the two graphs (minutes on a small "
         "CPU), then swaps them in without a restart (/metrics: decode_step_compiled); they are kept in "
         "--compile-cache-dir, and later starts load them in the background in seconds.",

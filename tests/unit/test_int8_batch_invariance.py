@@ -33,18 +33,27 @@ TEXT = (
 LENGTHS = [1, 60, 7, 33, 13, 46, 20, 53]  # eight rows: prefill groups padded, decode widths apart
 
 
-@pytest.fixture(scope="module")
-def driver(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RunnerDriver:
-    """The tiny Llama as the server runs it with --quantization int8-dynamic on a CPU."""
+@pytest.fixture(scope="module", params=["eager", "compiled"])
+def driver(
+    request: pytest.FixtureRequest, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunnerDriver:
+    """The tiny Llama as the server runs it with --quantization int8-dynamic on a CPU: decode steps eager, or
+    compiled where the int8 kernel serves its layers (the compiled graph calls the kernel's C++ operator, one for
+    one row and one for more: a row alone and in a batch go through different graphs)."""
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     assert quantize_linear_layers(model) == 2 * 7 and quantizes_activations(model)
     kernels = tmp_path_factory.mktemp("kernels")
-    pack_linear_layers(model)  # the output layer, as the server packs it
-    use_rows_kernel(model, kernels)  # rows 1-4 through the int8 kernel where the CPU has VNNI, more through _int_mm
+    pack_linear_layers(model)  # the output layer (oneDNN at every row count: logits compared bit for bit)
+    # Rows 1-4 through the int8 kernel where the CPU has VNNI, more through _int_mm.
+    with_kernel = use_rows_kernel(model, kernels) > 0
+    compiled = request.param == "compiled"
+    if compiled and not with_kernel:
+        pytest.skip("int8 decode steps are compiled only where the int8 kernel serves the layers (VNNI)")
     runner = CausalLMRunner(model, max_rows=len(LENGTHS), max_model_len=512)
-    runner.prepare(Acceleration(kernels=True, store=kernels))
+    runner.prepare(Acceleration(compiled=compiled, kernels=True, store=kernels))
     assert isinstance(runner.executor, PagedStep) and runner.executor.cache.per_query
+    assert compiled == (runner.fixed is not None and runner.fixed.compiled)
     return RunnerDriver(runner)
 
 

@@ -87,7 +87,7 @@ def test_wrong_inputs_and_a_missing_variant_are_refused(kernels: Path) -> None:
 
 def test_a_layer_with_the_kernel_sends_few_rows_through_it(kernels: Path) -> None:
     """1-4 rows (of a batch-shaped input too) give the kernel's result, which is the plain layer's; 5 rows go to
-    `_int_mm`, the same as the plain layer's."""
+    `_int_mm`, the same as the plain layer's; and so in a compiled graph."""
     generator = torch.Generator().manual_seed(1)
     layer = int8_layer(45, 70, True, generator)
     plain = Int8Linear(layer.weight, layer.weight_scale, layer.bias, torch.float32)
@@ -104,6 +104,16 @@ def test_a_layer_with_the_kernel_sends_few_rows_through_it(kernels: Path) -> Non
                     x[0], layer.blocked_weight, layer.weight_sums, layer.weight_scale, layer.bias, 45
                 )
                 assert torch.equal(layer(x)[0], kernel)
+    # The layer in a compiled graph: one C++ operator (`int8_linear`), the kernel or the `_int_mm` passes by the rows.
+    compiled = torch.compile(layer, dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 5, 9):
+            x = inputs(rows, 70, generator)
+            assert torch.equal(compiled(x), plain(x)), rows
+            whole = torch.ops.transformers_openai.int8_linear(
+                x, layer.weight_t, layer.weight_scale, layer.bias, layer.blocked_weight, layer.weight_sums
+            )
+            assert torch.equal(whole, plain(x)), rows
 
 
 def test_a_bfloat16_layer_keeps_int_mm() -> None:

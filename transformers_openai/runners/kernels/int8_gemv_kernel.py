@@ -44,6 +44,7 @@ def load(directory: Path) -> bool:
     if not build_and_load(SOURCE_FILE, "int8_gemv", directory, "int8 matrix-vector kernel"):
         return False
     torch.library.register_fake(OP, _output_shape)
+    torch.library.register_fake("transformers_openai::int8_linear", _linear_shape)
     return True
 
 
@@ -113,6 +114,17 @@ def variants() -> list[int]:
 def best_variant() -> int:
     """The variant `int8_gemv` runs when not told."""
     return int(torch.ops.transformers_openai.int8_gemv_variant())
+
+
+def _linear_shape(
+    x: torch.Tensor,
+    weight_t: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    blocked: torch.Tensor,
+    weight_sums: torch.Tensor,
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight_t.shape[1])
 
 
 def _output_shape(

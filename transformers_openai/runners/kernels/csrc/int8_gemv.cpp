@@ -7,6 +7,9 @@
 //   with the products summed in int32, the sum scaled back by the row's scale, then the channel's, then the bias
 //   added. The integer sums are exact and the float steps are the same single roundings in the same order, so the
 //   result equals the `_int_mm` path's bit for bit (tests/unit/test_int8_gemv_kernel.py holds it so).
+// - transformers_openai::int8_linear(x, weight_t, weight_scale, bias?, blocked, weight_sums) -> [rows, out]: the
+//   layer's whole product, `int8_gemv` for at most four rows and the `_int_mm` path for more; what compiled graphs
+//   call.
 //
 // The weight is laid out once (int8_gemv_kernel.block_weight) in blocks of 16 output channels: blocked[b][g][j][t] =
 // W[16 b + j][4 g + t], zero past the last channel and input. One group of a block is 64 bytes, the 16 channels' next
@@ -20,7 +23,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/round.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -265,6 +270,22 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& blocked, const at::T
   return out;
 }
 
+// An int8 layer's whole product, both of its layouts given: the kernel above for at most four rows, else
+// `_int_mm` over `weight_t` ([in, out] int8) with the row rounded and the result scaled back as Int8Linear's eager
+// passes do it (the same operators, so the same bits). What a compiled graph calls: no Python between the graph and
+// the product, and no pass of it rewritten by the compiler.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& weight_scale,
+                       const c10::optional<at::Tensor>& bias, const at::Tensor& blocked,
+                       const at::Tensor& weight_sums) {
+  const int64_t out_features = weight_t.size(1);
+  if (x.size(0) <= kMaxRows) return int8_gemv(x, blocked, weight_sums, weight_scale, bias, out_features, kAuto);
+  const at::Tensor x_scale = x.abs().amax({1}, /*keepdim=*/true).clamp_min(1e-12).div(127.5);
+  const at::Tensor x_int8 = at::round(x.div(x_scale)).clamp(-128, 127).to(at::kChar);
+  at::Tensor y = at::_int_mm(x_int8, weight_t).mul(x_scale).mul_(weight_scale);
+  if (bias.has_value() && bias->defined()) y = y.add(*bias);
+  return y;
+}
+
 // The variant `int8_gemv` runs when not told: 3 AVX-512 VNNI, 2 AVX-VNNI, 1 plain C++.
 int64_t int8_gemv_variant() { return best_variant(); }
 
@@ -276,8 +297,14 @@ TORCH_LIBRARY_FRAGMENT(transformers_openai, m) {
   m.def(
       "int8_gemv(Tensor x, Tensor blocked, Tensor weight_sums, Tensor weight_scale, Tensor? bias, int out_features, "
       "int variant=0) -> Tensor");
+  m.def(
+      "int8_linear(Tensor x, Tensor weight_t, Tensor weight_scale, Tensor? bias, Tensor blocked, Tensor weight_sums) "
+      "-> Tensor");
   m.def("int8_gemv_variant() -> int", &int8_gemv_variant);
   m.def("int8_gemv_has_variant(int variant) -> bool", &int8_gemv_has_variant);
 }
 
-TORCH_LIBRARY_IMPL(transformers_openai, CPU, m) { m.impl("int8_gemv", &int8_gemv); }
+TORCH_LIBRARY_IMPL(transformers_openai, CPU, m) {
+  m.impl("int8_gemv", &int8_gemv);
+  m.impl("int8_linear", &int8_linear);
+}
