@@ -229,22 +229,27 @@ def choose_products(asked: str, flags: frozenset[str], measure: Callable[[], flo
     return ProductChoice(True, f"{', '.join(native)}; an int8 layer took {ratio:.2f}x float32's time here")
 
 
-def round_linear_weights(model: torch.nn.Module) -> int:
+def round_linear_weights(model: torch.nn.Module, output_layer: bool = False) -> int:
     """int8-dynamic where the CPU does not multiply int8 fast: the weights of the layers `quantize_linear_layers` would
     swap are rounded to int8 per output channel and kept as float (the int8 model's weights, float32's speed;
     activations are not rounded); returns how many."""
     with torch.no_grad():
-        layers = _quantizable(model)
+        layers = _quantizable(model, output_layer)
+        output = _output_layer(model)
         for _, linear in layers:
             values, scale = quantize_per_channel(linear.weight)
-            linear.weight.copy_(values.float() * scale[:, None])
+            rounded = (values.float() * scale[:, None]).to(linear.weight.dtype)
+            if linear is output:  # its weight may be the input embeddings' too: they keep theirs
+                linear.weight = torch.nn.Parameter(rounded, requires_grad=False)
+            else:
+                linear.weight.copy_(rounded)
     return len(layers)
 
 
-def _quantizable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
-    """The plain float `nn.Linear` layers of a model but its output layer (the logits keep full precision)."""
-    output_of = getattr(model, "get_output_embeddings", None)
-    output = output_of() if callable(output_of) else None
+def _quantizable(model: torch.nn.Module, output_layer: bool = False) -> list[tuple[str, torch.nn.Linear]]:
+    """The plain float `nn.Linear` layers of a model, its output layer only with `output_layer` (otherwise the logits
+    keep full precision)."""
+    output = None if output_layer else _output_layer(model)
     return [
         (name, module)
         for name, module in model.named_modules()
@@ -252,9 +257,15 @@ def _quantizable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
     ]
 
 
-def quantize_linear_layers(model: torch.nn.Module) -> int:
-    """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision) for
-    an `Int8Linear`; returns how many. Raises where this torch build cannot multiply int8 matrices.
+def _output_layer(model: torch.nn.Module) -> object:
+    output_of = getattr(model, "get_output_embeddings", None)
+    return output_of() if callable(output_of) else None
+
+
+def quantize_linear_layers(model: torch.nn.Module, output_layer: bool = False) -> int:
+    """Swaps every plain float `nn.Linear` of a CPU model but its output layer (the logits keep full precision; with
+    `output_layer` that one too, as llama.cpp's Q8_0 has it) for an `Int8Linear`; returns how many. Raises where this
+    torch build cannot multiply int8 matrices.
 
     Whisper's encoder included: alone, in process, it ran 30% slower in int8 (rounding 1,500 frames of activations
     and scaling the products back cost more than the integer product saves), but the server at concurrency 16
@@ -263,7 +274,7 @@ def quantize_linear_layers(model: torch.nn.Module) -> int:
     `docs/results/whisper-int8-encoder-float-vs-int8-cpu.json`)."""
     if not int8_matmul_works():
         raise RuntimeError("--quantization int8-dynamic: this torch build has no int8 matrix product on this CPU")
-    layers = _quantizable(model)
+    layers = _quantizable(model, output_layer)
     with torch.no_grad():
         for name, linear in layers:
             model.set_submodule(name, Int8Linear.from_linear(linear))

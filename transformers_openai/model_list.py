@@ -21,6 +21,7 @@ PER_MODEL_SETTINGS = frozenset(
         "gguf_file",
         "quantization",
         "int8_products",
+        "int8_output_layer",
         "dtype",
         "device",
         "attn_implementation",

@@ -617,7 +617,7 @@ def _load_model(
     placement: dict[str, Any] = {"device_map": settings.device_map} if settings.device_map else {}
     if settings.gguf_file and settings.quantization != "none":
         raise ValueError("--quantization does not apply to a GGUF file (transformers dequantizes it as it loads)")
-    plan = plan_quantization(config, settings.quantization, device, settings.int8_products)
+    plan = plan_quantization(config, settings.quantization, device, settings.int8_products, settings.int8_output_layer)
     quantization = plan.served
     if quantization != "none":
         # A quantizer places the weights it makes as it loads them (some cannot be moved after).

@@ -14,6 +14,7 @@ import importlib.util
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -198,11 +199,16 @@ class QuantizationPlan:
 
 
 def plan_quantization(
-    config: Any, choice: QuantizationChoice, device: torch.device, products: Int8Products = "auto"
+    config: Any,
+    choice: QuantizationChoice,
+    device: torch.device,
+    products: Int8Products = "auto",
+    output_layer: bool = False,
 ) -> QuantizationPlan:
     """What this start serves and how, from the checkpoint's config and `--quantization`. Raises before any weight
     is read where the format cannot run here. On a CPU, int8 activations are multiplied in int8 only where that is
-    fast here (`products`, `int8_linear.choose_products`)."""
+    fast here (`products`, `int8_linear.choose_products`); int8-dynamic rounds the output layer too with
+    `output_layer` (`--int8-output-layer`)."""
     existing = checkpoint_quantization(config)
     if existing is not None:
         name = describe(existing)
@@ -227,9 +233,8 @@ def plan_quantization(
         # torchao's int8 tensors are slow in eager mode on a CPU: the same scheme through our own layers.
         from transformers_openai.int8_linear import quantize_linear_layers, round_linear_weights
 
-        return QuantizationPlan(
-            "int8-dynamic", after_load=quantize_linear_layers if _int8_products(products) else round_linear_weights
-        )
+        after_load = quantize_linear_layers if _int8_products(products) else round_linear_weights
+        return QuantizationPlan("int8-dynamic", after_load=partial(after_load, output_layer=output_layer))
     load = LOAD_QUANTIZATIONS[choice]  # every other choice is one (a unit test holds the two lists together)
     check_requirement(f"--quantization {choice}", load.requirement, device)
     return QuantizationPlan(load.served, load.build())

@@ -1,11 +1,13 @@
-"""How often two ways of running one model give the same greedy answer: float32 vs bfloat16, plain vs packed weights.
+"""How often two ways of running one model give the same greedy answer: float32 vs bfloat16, plain vs packed weights,
+float vs int8 layers.
 
 Every prompt of the benchmark's chat mix (`compare.py`) and the load tool's (`loadclient.py`) is answered greedily
 (`generate`, one prompt at a time, `--max-tokens` new tokens, EOS allowed) by each variant; the report gives the
 share of identical answers and, for the others, the first position where they part.
 
-A variant is `DTYPE:WEIGHTS`, WEIGHTS being `plain` (`nn.Linear`) or `packed` (the server's CPU default, see
-`transformers_openai/runners/packed_linear.py`). Example:
+A variant is `DTYPE:WEIGHTS`, WEIGHTS being `plain` (`nn.Linear`), `packed` (the server's CPU default, see
+`transformers_openai/runners/packed_linear.py`), `int8` (`--quantization int8-dynamic` with int8 products, the output
+layer packed float) or `int8-output` (the output layer in int8 too: `--int8-output-layer`). Example:
 
     loadtest greedy-agreement --reference float32:plain --candidate float32:packed
 """
@@ -29,13 +31,16 @@ def load(model_dir: Path, variant: str, device: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from transformers_openai.int8_linear import quantize_linear_layers
     from transformers_openai.runners.packed_linear import pack_linear_layers
 
     dtype_name, weights = variant.split(":")
     # Any: transformers types `PreTrainedModel.to` as its decorated function, which takes no device.
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name))
     model = model.to(device).eval()
-    if weights == "packed" and not pack_linear_layers(model):
+    if weights.startswith("int8"):
+        quantize_linear_layers(model, output_layer=weights == "int8-output")
+    if weights != "plain" and not pack_linear_layers(model):
         raise SystemExit(f"{variant}: this CPU or torch build cannot pack {dtype_name} weights")
     return model
 

@@ -128,3 +128,36 @@ def test_float_products_keep_float_layers_with_int8_rounded_weights() -> None:
     values, scale = quantize_per_channel(up)
     assert torch.equal(rounded.weight, values.float() * scale[:, None])
     assert torch.equal(model.lm_head.weight, head)  # the output layer keeps its weights
+
+
+def test_the_output_layer_too_when_asked_and_the_tied_embeddings_keep_theirs() -> None:
+    """`--int8-output-layer`: the output layer is rounded as the others are (int8 products, or int8-rounded float
+    weights), in a copy of its own where it shares its weight with the input embeddings, which keep full precision."""
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    for swap in (quantize_linear_layers, round_linear_weights):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+        table = model.model.embed_tokens.weight.detach().clone()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        with torch.inference_mode():
+            expected = model(ids).logits
+            assert swap(model, output_layer=True) == 2 * 7 + 1
+            got = model(ids).logits
+        assert torch.equal(model.model.embed_tokens.weight, table)
+        head = model.get_output_embeddings()
+        if swap is quantize_linear_layers:
+            assert isinstance(head, Int8Linear)
+        else:
+            values, scale = quantize_per_channel(table)
+            assert type(head) is torch.nn.Linear and torch.equal(head.weight, values.float() * scale[:, None])
+        assert not torch.equal(got, expected)
+        assert torch.allclose(got, expected, atol=0.05 * float(expected.abs().max()))
