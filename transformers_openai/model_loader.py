@@ -448,6 +448,16 @@ def _compilable(model: PreTrainedModel, quantization: str) -> bool:
     return quantization == "int8-dynamic" and all(layer.blocked_weight is not None for layer in int8_layers)
 
 
+def _as_loaded(settings: Settings, model: PreTrainedModel, quantization: str) -> Settings:
+    """The settings that load `model` again as this process did: int8-dynamic's products as chosen here (`auto`
+    times an int8 layer at start, and a child timing it on a busy machine could choose the other, loading a model of
+    another layout than the one its steps are compiled for)."""
+    if quantization != "int8-dynamic":
+        return settings
+    products = "int8" if any(isinstance(module, Int8Linear) for module in model.modules()) else "float"
+    return settings.model_copy(update={"int8_products": products})
+
+
 def _acceleration(
     settings: Settings,
     model: PreTrainedModel,
@@ -473,7 +483,7 @@ def _acceleration(
         logger.warning("no C++ compiler (g++ or clang++, or $CXX) for torch.compile: decode steps run eagerly")
         compiled = False
     store = private_store(settings.compile_cache_dir)
-    elsewhere = partial(compile_in_child, settings, kv_space, store)
+    elsewhere = partial(compile_in_child, _as_loaded(settings, model, quantization), kv_space, store)
     return Acceleration(
         compiled=compiled,
         kernels=True,

@@ -40,7 +40,8 @@ def load(model_dir: Path, variant: str, device: str) -> Any:
     model = model.to(device).eval()
     if weights.startswith("int8"):
         quantize_linear_layers(model, output_layer=weights == "int8-output")
-    if weights != "plain" and not pack_linear_layers(model):
+        pack_linear_layers(model)  # the float layers left, as the server packs them
+    elif weights == "packed" and not pack_linear_layers(model):
         raise SystemExit(f"{variant}: this CPU or torch build cannot pack {dtype_name} weights")
     return model
 

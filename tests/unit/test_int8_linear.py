@@ -4,6 +4,7 @@ weights elsewhere."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -161,3 +162,32 @@ def test_the_output_layer_too_when_asked_and_the_tied_embeddings_keep_theirs() -
             assert type(head) is torch.nn.Linear and torch.equal(head.weight, values.float() * scale[:, None])
         assert not torch.equal(got, expected)
         assert torch.allclose(got, expected, atol=0.05 * float(expected.abs().max()))
+
+
+def test_the_step_compiler_loads_int8_dynamic_with_the_products_chosen_here(tmp_path: Path) -> None:
+    """`--int8-products auto` times an int8 layer at start; the child that compiles the decode steps must not time it
+    again (on a busy machine it chose float products once, loaded a model of another layout and compiled steps the
+    server could not use): it is handed the choice this process made, and only for int8-dynamic."""
+    from transformers_openai import model_loader
+    from transformers_openai.runners.kv.kv_pool import KVSpace
+    from transformers_openai.settings import Settings
+
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    settings = Settings(model="unused", quantization="int8-dynamic", compile_cache_dir=tmp_path)
+    assert settings.int8_products == "auto"
+    kv = KVSpace(bytes=2**20, block_size=16)
+    for swap, chosen in ((quantize_linear_layers, "int8"), (round_linear_weights, "float")):
+        model = LlamaForCausalLM(config).eval()
+        swap(model)
+        acceleration = model_loader._acceleration(settings, model, "int8-dynamic", None, None, kv)
+        child = acceleration.compile_elsewhere
+        assert isinstance(child, partial) and child.args[0].int8_products == chosen
+    plain = model_loader._acceleration(settings, LlamaForCausalLM(config), "none", None, None, kv)
+    assert isinstance(plain.compile_elsewhere, partial) and plain.compile_elsewhere.args[0] is settings
