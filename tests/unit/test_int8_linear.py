@@ -47,16 +47,21 @@ def test_a_row_gets_the_same_result_alone_and_in_a_batch() -> None:
     assert batched.shape == (9, 80) and layer(x.view(3, 3, 96)).shape == (3, 3, 80)
 
 
-def test_every_linear_but_the_output_layer_is_swapped() -> None:
-    config = LlamaConfig(
+def small_llama(tied: bool, layers: int = 2) -> LlamaConfig:
+    """A Llama of `layers` layers 64 wide over 128 tokens, its output layer tied to the input embeddings or not."""
+    return LlamaConfig(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
+
+
+def test_every_linear_but_the_output_layer_is_swapped() -> None:
+    config = small_llama(tied=False)
     model = LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
@@ -111,15 +116,7 @@ def test_int8_products_only_where_the_cpu_has_int8_dot_products_and_they_measure
 
 
 def test_float_products_keep_float_layers_with_int8_rounded_weights() -> None:
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
+    config = small_llama(tied=False)
     model = LlamaForCausalLM(config).eval()
     head = model.lm_head.weight.detach().clone()
     up = model.model.layers[1].mlp.up_proj.weight.detach().clone()
@@ -134,15 +131,7 @@ def test_float_products_keep_float_layers_with_int8_rounded_weights() -> None:
 def test_the_output_layer_too_when_asked_and_the_tied_embeddings_keep_theirs() -> None:
     """`--int8-output-layer`: the output layer is rounded as the others are (int8 products, or int8-rounded float
     weights), in a copy of its own where it shares its weight with the input embeddings, which keep full precision."""
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    config = small_llama(tied=True)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
     for swap in (quantize_linear_layers, round_linear_weights):
         torch.manual_seed(0)
@@ -172,14 +161,7 @@ def test_the_step_compiler_loads_int8_dynamic_with_the_products_chosen_here(tmp_
     from transformers_openai.runners.kv.kv_pool import KVSpace
     from transformers_openai.settings import Settings
 
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    config = small_llama(tied=False, layers=1)
     settings = Settings(model="unused", quantization="int8-dynamic", compile_cache_dir=tmp_path)
     assert settings.int8_products == "auto"
     kv = KVSpace(bytes=2**20, block_size=16)
