@@ -72,7 +72,7 @@ def test_a_packed_layer_sends_few_rows_to_the_kernel(kernels: Path) -> None:
             routed = gemv_kernel.gemv(x, blocked, linear.bias, 45) if rows <= 4 else plain(x)
             assert torch.equal(layer(x), routed)
             assert torch.equal(compiled(x), routed)
-            assert torch.equal(gemv_kernel.linear(x, layer.packed_weight, linear.bias, blocked), routed)
+            assert torch.equal(gemv_kernel.linear(x, layer.weight, linear.bias, blocked), routed)
             torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
